@@ -1,0 +1,41 @@
+"""What the command-line apps share: the config directory, loggers, callbacks, tokenizers."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from mmtx.data.tokenizer import Tokenizer
+
+log = logging.getLogger("mmtx")
+
+CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def instantiate_dict(cfg: DictConfig | None) -> list[Any]:
+    """Instantiate every ``_target_`` entry of a ``name: {_target_: ...}`` group (loggers, callbacks)."""
+    if not cfg:
+        return []
+    return [instantiate(node) for node in cfg.values() if isinstance(node, DictConfig) and "_target_" in node]
+
+
+def build_tokenizer(cfg: DictConfig, texts: list[str]) -> Tokenizer:
+    """Load ``cfg.path`` if given, else train a vocabulary on ``texts`` (the training captions)."""
+    if cfg.path:
+        return Tokenizer.from_file(cfg.path)
+    if not texts:
+        raise ValueError("tokenizer: no training captions to learn a vocabulary from (set tokenizer.path)")
+    return Tokenizer.train(texts, vocab_size=cfg.vocab_size, kind=cfg.kind, min_frequency=cfg.min_frequency)
+
+
+def to_container(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def make_trainer(cfg: DictConfig, loggers: list, callbacks: list) -> L.Trainer:
+    return instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks)

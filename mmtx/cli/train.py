@@ -1,0 +1,78 @@
+"""``mmtx-train``: train a model from a Hydra config (``mmtx-train --help`` lists the groups)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import hydra
+import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch.loggers import WandbLogger
+from omegaconf import DictConfig
+
+from mmtx.checkpoint import init_from, read_checkpoint
+from mmtx.cli.common import CONFIG_DIR, build_tokenizer, instantiate_dict, log, make_trainer, to_container
+from mmtx.data.tokenizer import Tokenizer
+from mmtx.metrics.caption import constant_baseline, format_metrics_table
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Run one training job; returns the final validation metrics."""
+    L.seed_everything(cfg.seed, workers=True)
+    out = Path(cfg.paths.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    datamodule = instantiate(cfg.data)
+    datamodule.prepare_data()
+    if cfg.ckpt_path:  # resuming: the vocabulary is the one the run started with
+        tokenizer = Tokenizer.from_str(read_checkpoint(cfg.ckpt_path)["hyper_parameters"]["tokenizer"])
+    else:
+        captions = [c for r in datamodule.records("train") for c in r.captions]
+        tokenizer = build_tokenizer(cfg.tokenizer, captions)
+    tokenizer.save(out / "tokenizer.json")
+    datamodule.tokenizer = tokenizer
+    log.info("tokenizer: %d tokens, saved to %s", tokenizer.vocab_size, out / "tokenizer.json")
+
+    task = instantiate(
+        cfg.task, model=to_container(cfg.model), tokenizer=tokenizer.to_str(),
+        _recursive_=False, _convert_="all",
+    )
+    if cfg.init_from:
+        init_from(task, cfg.init_from)
+
+    loggers = instantiate_dict(cfg.get("logger"))
+    for logger in loggers:
+        logger.log_hyperparams(to_container(cfg))
+    trainer = make_trainer(cfg, loggers, instantiate_dict(cfg.get("callbacks")))
+    trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    if not task.metrics:  # stopped between validations (max_steps, max_time): score the final weights
+        trainer.validate(task, datamodule=datamodule, verbose=False)
+
+    metrics = dict(task.metrics)
+    if trainer.is_global_zero:
+        caption, baseline = constant_baseline(datamodule.references("train"), datamodule.references("val"))
+        print(f"\nvalidation ({len(datamodule.references('val'))} images) after {trainer.global_step} steps; "
+              f"constant baseline caption: {caption!r}")
+        print(format_metrics_table(metrics, baseline))
+        summary = {"metrics": metrics, "baseline": {"caption": caption, **baseline},
+                   "steps": trainer.global_step, "checkpoints": str(out / "checkpoints")}
+        (out / "metrics.json").write_text(json.dumps(summary, indent=2))
+        for logger in loggers:
+            logger.log_metrics({f"baseline/{k}": v for k, v in baseline.items()}, step=trainer.global_step)
+        print(f"run directory: {out}")
+    if any(isinstance(lg, WandbLogger) for lg in loggers):
+        import wandb
+
+        wandb.finish()
+    return metrics
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    metrics = train(cfg)
+    return metrics.get(cfg.monitor.metric.removeprefix("val/")) if metrics else None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""Load any image file as an upright 8-bit RGB PIL image, or fail with the file's name.
+
+Data sets in the wild hold grayscale, palette, alpha, CMYK and 16-bit files, JPEGs whose
+pixels are stored sideways with an EXIF orientation tag, and the odd truncated download.
+`load_image` turns all of them into the one thing the transforms expect, and turns every
+decoder failure into an `ImageLoadError` that says which file broke and why.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps
+
+# Transparent pixels are composited onto white: transparent regions in logos, icons and
+# scanned documents are meant to be shown on a (white) page, and white keeps dark line art
+# readable. Change this constant, not the call sites, if a data set needs black.
+ALPHA_BACKGROUND: tuple[int, int, int] = (255, 255, 255)
+
+_ALPHA_MODES = frozenset({"RGBA", "RGBa", "LA", "La", "PA"})
+_TIFF_BITS_PER_SAMPLE = 258
+
+
+class ImageLoadError(Exception):
+    """An image file could not be read; `path` is the file and `reason` says why."""
+
+    def __init__(self, path: str | os.PathLike, reason: str) -> None:
+        super().__init__(str(path), reason)  # both in args, so the error pickles across workers
+        self.path = Path(path)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"cannot load image {self.path}: {self.reason}"
+
+
+def load_image(path: str | os.PathLike) -> Image.Image:
+    """Open `path`, fully decode it, apply its EXIF orientation and return it as 8-bit RGB.
+
+    Alpha (including palette transparency) is composited onto `ALPHA_BACKGROUND`; 16- and
+    32-bit integer images are scaled to 8 bits by their bit depth; float images by their
+    range (see `_high_depth_to_uint8`). Pillow's decompression-bomb limit stays in force.
+
+    Raises:
+        ImageLoadError: the file is missing, empty, not an image, truncated, too large or
+            in a mode that has no RGB meaning; the message names the file.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError as err:
+        raise ImageLoadError(path, err.strerror or type(err).__name__) from err
+    if not path.is_file():
+        raise ImageLoadError(path, "not a regular file")
+    if size == 0:
+        raise ImageLoadError(path, "file is empty")
+    # Decoders signal broken input with many exception types (OSError, SyntaxError,
+    # struct.error, IndexError from malformed EXIF, DecompressionBombError, ...), so this
+    # boundary converts all of them, keeping the original as the cause.
+    try:
+        with Image.open(path) as raw:
+            raw.load()  # decode now so a truncated file fails here, not inside a worker later
+            return _to_rgb(ImageOps.exif_transpose(raw))
+    except Exception as err:
+        raise ImageLoadError(path, f"{type(err).__name__}: {err}") from err
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    """Convert a decoded image of any mode to 8-bit RGB (see `load_image`)."""
+    if img.mode.startswith("I") or img.mode == "F":
+        return Image.fromarray(_high_depth_to_uint8(img)).convert("RGB")
+    if img.mode in _ALPHA_MODES or "transparency" in img.info:
+        rgba = img.convert("RGBA")  # also resolves palette / tRNS transparency
+        background = Image.new("RGBA", rgba.size, (*ALPHA_BACKGROUND, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    if img.mode == "RGB":
+        return img
+    try:
+        return img.convert("RGB")  # 1, L, P, CMYK, YCbCr, HSV
+    except ValueError as err:
+        raise ValueError(f"image mode {img.mode!r} has no RGB conversion") from err
+
+
+def _high_depth_to_uint8(img: Image.Image) -> np.ndarray:
+    """Scale a single-channel 16/32-bit integer or float image to uint8 without clipping.
+
+    Integers are divided by the largest value of their real bit depth: the TIFF
+    BitsPerSample tag when there is one (12-bit sensors store into 16-bit containers),
+    16 for the I;16 modes, and for 32-bit mode I the smallest of 16/32 bits that holds the
+    samples (16-bit PNG/PGM data often arrives as mode I). Negative samples become 0.
+    Floats in [0, 1] are taken as unit range, floats in [0, 255] as 8-bit range, anything
+    else is stretched from its minimum to its maximum.
+    """
+    arr = np.asarray(img)
+    if img.mode == "F":
+        arr = arr.astype(np.float64)
+        lo, hi = float(arr.min()), float(arr.max())
+        if not np.isfinite([lo, hi]).all():
+            raise ValueError("float image holds NaN or infinite values")
+        if lo >= 0.0 and hi <= 1.0:
+            scaled = arr * 255.0
+        elif lo >= 0.0 and hi <= 255.0:
+            scaled = arr
+        else:
+            scaled = (arr - lo) * (255.0 / (hi - lo)) if hi > lo else np.zeros_like(arr)
+        return np.rint(scaled).astype(np.uint8)
+
+    arr = arr.astype(np.int64)
+    declared = _declared_bits(img)
+    if img.mode.startswith("I;16"):
+        bits = declared if declared is not None and declared <= 16 else 16
+    elif declared is not None and declared < 32:
+        bits = declared
+    else:
+        bits = 16 if arr.max(initial=0) <= 0xFFFF else 31  # mode I is signed 32-bit
+    peak = (1 << bits) - 1
+    scaled = np.clip(arr, 0, peak) * (255.0 / peak)
+    return np.rint(scaled).astype(np.uint8)
+
+
+def _declared_bits(img: Image.Image) -> int | None:
+    """Bits per sample declared by the file (TIFF only; other formats do not say)."""
+    tags = getattr(img, "tag_v2", None)
+    if tags is None:
+        return None
+    bits = tags.get(_TIFF_BITS_PER_SAMPLE)
+    if isinstance(bits, tuple):
+        bits = bits[0] if bits else None
+    return int(bits) if bits else None

@@ -1,0 +1,371 @@
+"""Shapes scenes: the embedded caption data set, drawn on the fly so no download is needed.
+
+Each image shows 1-3 non-overlapping shapes (circle / square / triangle, small / large,
+each in a different colour) on a dark, plain or lightly textured background. Each image
+gets several reference captions that vary like human references (templates, synonyms,
+relation phrased from either side) but only ever state what is drawn: every caption names
+every shape with its size, colour and kind, and a spatial relation is only asserted
+when one shape's centre is clearly (by `RELATION_RATIO`) left/right/above/below another's.
+The vocabulary is ~40 words and captions are at most `MAX_CAPTION_WORDS` long, so a tiny
+captioner learns the task on a CPU in minutes.
+
+`generate_shapes` writes the data set in the official COCO captions format, so
+`read_coco_captions` serves it like any real data set. `Scene` keeps the ground truth of
+an image for tests and for generating VQA questions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageDraw
+from tqdm import tqdm
+
+from mmtx.data.captions import CaptionRecord, write_coco_captions
+
+log = logging.getLogger(__name__)
+
+COLORS: dict[str, tuple[int, int, int]] = {
+    "red": (220, 40, 40),
+    "green": (40, 175, 60),
+    "blue": (50, 90, 235),
+    "yellow": (235, 215, 50),
+    "purple": (155, 60, 205),
+    "white": (240, 240, 240),
+}
+KINDS: tuple[str, ...] = ("circle", "square", "triangle")
+SIZES: tuple[str, ...] = ("small", "large")
+RELATIONS: tuple[str, ...] = ("left", "right", "above", "below")
+RELATION_RATIO = 2.0  # the dominant axis offset must be at least this times the other one
+MAX_CAPTION_WORDS = 16
+
+# Half the side of a shape's bounding square, as a fraction of the image size. Small and
+# large do not overlap (at most 0.08 vs at least 0.15), so "small" / "large" is never a guess.
+_HALF_EXTENT = {"small": (0.06, 0.08), "large": (0.15, 0.19)}
+_SQUARE_FILL = 0.85  # a square fills 85% of its box side, so its area is close to the circle's
+_COLOR_JITTER = 12  # per-channel jitter of the drawn colour, for a little realism
+_GAP_PX = 2.0  # minimum empty space between two shapes' boxes
+_SUPERSAMPLE = 4  # draw at 4x and box-downsample: anti-aliased edges
+
+_SIZE_WORDS = {"small": ("small", "little", "tiny"), "large": ("large", "big")}
+_KIND_WORDS = {"circle": ("circle", "ball"), "square": ("square", "box"), "triangle": ("triangle",)}
+_RELATION_WORDS = {
+    "left": ("to the left of", "left of", "on the left of"),
+    "right": ("to the right of", "right of", "on the right of"),
+    "above": ("above", "over"),
+    "below": ("below", "under", "beneath"),
+}
+
+# Caption templates by number of shapes; {0}, {1}, {2} are bare noun phrases ("big red ball").
+# Relational ones state "{0} {r} {1}"; a third shape goes first or after "and there is", so
+# "left of a b and a c" never reads as "left of both".
+_PLAIN_TEMPLATES = {
+    1: ("a {0}", "there is a {0}", "a picture of a {0}", "a {0} on a dark background", "a single {0}"),
+    2: ("a {0} and a {1}", "there are a {0} and a {1}", "a picture of a {0} and a {1}",
+        "a {0} and a {1} on a dark background"),
+    3: ("a {0} with a {1} and a {2}", "a {0} and a {1} and a {2}", "there are a {0} a {1} and a {2}"),
+}
+_RELATION_TEMPLATES = {
+    2: ("a {0} {r} a {1}", "there is a {0} {r} a {1}", "a {0} is {r} a {1}", "a picture of a {0} {r} a {1}"),
+    3: ("a {2} and a {0} {r} a {1}", "there is a {2} and a {0} {r} a {1}", "a {2} with a {0} {r} a {1}",
+        "a {0} is {r} a {1} and there is a {2}"),
+}
+
+_FORMAT = "mmtx-shapes"
+_FORMAT_VERSION = 1  # bump when drawing or captioning changes, so cached data sets are rebuilt
+_VAL_ID_BASE = 10_000_000  # val image ids start here: unique across splits and stable
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One drawn shape; `center` is (x, y) in pixels with y pointing down."""
+
+    kind: str
+    color: str
+    size: str
+    center: tuple[float, float]
+    half: float  # half the side of the shape's bounding square, in pixels
+    rgb: tuple[int, int, int]  # the colour actually drawn (the named colour plus jitter)
+
+    @property
+    def box(self) -> tuple[float, float, float, float]:
+        """Bounding square (x0, y0, x1, y1) in pixels."""
+        x, y = self.center
+        return (x - self.half, y - self.half, x + self.half, y + self.half)
+
+
+@dataclass(frozen=True)
+class Scene:
+    """Ground truth of one image: its size and its shapes (colours are unique per scene)."""
+
+    image_size: int
+    shapes: tuple[Shape, ...]
+
+    def relation(self, i: int, j: int) -> str | None:
+        """Where shape `i` is relative to shape `j` ("left", "right", "above", "below"),
+        or None when neither axis dominates by `RELATION_RATIO` (e.g. a diagonal)."""
+        (ax, ay), (bx, by) = self.shapes[i].center, self.shapes[j].center
+        dx, dy = bx - ax, by - ay
+        if abs(dx) >= RELATION_RATIO * abs(dy):
+            return "left" if dx > 0 else "right"
+        if abs(dy) >= RELATION_RATIO * abs(dx):
+            return "above" if dy > 0 else "below"
+        return None
+
+    def relations(self) -> list[tuple[int, str, int]]:
+        """All clear relations as (i, relation, j), both orders of each pair included."""
+        found = []
+        for i in range(len(self.shapes)):
+            for j in range(len(self.shapes)):
+                if i != j and (rel := self.relation(i, j)) is not None:
+                    found.append((i, rel, j))
+        return found
+
+
+def draw_scene(
+    rng: random.Random, image_size: int, num_captions: int = 5
+) -> tuple[Image.Image, list[str], Scene]:
+    """Draw one random scene: (RGB image of image_size^2, `num_captions` captions, Scene).
+
+    Everything comes from `rng`, so the same seed gives the same pixels and captions.
+    """
+    if image_size < 32:
+        raise ValueError(f"image_size must be at least 32 pixels for shapes scenes, got {image_size}")
+    scene = _sample_scene(rng, image_size)
+    image = _render(scene, rng)
+    return image, describe_scene(scene, rng, num_captions), scene
+
+
+def describe_scene(scene: Scene, rng: random.Random, num_captions: int = 5) -> list[str]:
+    """Write `num_captions` distinct (where possible) lowercase captions for `scene`.
+
+    When the scene has a clear relation, at least one caption states one.
+    """
+    if num_captions < 1:
+        raise ValueError(f"num_captions must be at least 1, got {num_captions}")
+    relations = scene.relations()
+    captions: list[str] = []
+    attempts = 0
+    while len(captions) < num_captions:  # every template set has captions short enough
+        attempts += 1
+        with_relation = bool(relations) and (not captions or rng.random() < 0.6)
+        caption = _caption(scene, rng, rng.choice(relations) if with_relation else None)
+        unique = caption not in captions or attempts > 40 * num_captions  # few variants: allow repeats
+        if unique and len(caption.split()) <= MAX_CAPTION_WORDS:
+            captions.append(caption)
+    rng.shuffle(captions)
+    return captions
+
+
+def generate_shapes(
+    root: str | os.PathLike,
+    num_train: int,
+    num_val: int,
+    image_size: int = 64,
+    seed: int = 0,
+    captions_per_image: int = 5,
+) -> dict[str, tuple[Path, Path]]:
+    """Write (or reuse) a shapes data set under `root` in the official COCO captions format.
+
+    Layout: ``train/*.png``, ``val/*.png``, ``captions_train.json``, ``captions_val.json``
+    and ``meta.json``. If ``meta.json`` already records these parameters the data set is
+    reused as is. Otherwise it is built in a temporary sibling directory and moved into
+    place at the end, so an interrupted run never leaves a half-written data set; an
+    existing shapes data set with other parameters is replaced, any other non-empty
+    directory is refused. Each image is drawn from its own seed derived from
+    (seed, split, index), so train and val never share a random stream.
+
+    Returns {"train": (annotations_json, images_dir), "val": (annotations_json, images_dir)}.
+    """
+    root = Path(root)
+    limits = {"num_train": (num_train, 0), "num_val": (num_val, 0), "image_size": (image_size, 32),
+              "captions_per_image": (captions_per_image, 1)}
+    for name, (value, low) in limits.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    if num_train >= _VAL_ID_BASE:
+        raise ValueError(f"num_train must be below {_VAL_ID_BASE} (the first val image id), got {num_train}")
+    meta = {
+        "format": _FORMAT,
+        "version": _FORMAT_VERSION,
+        "num_train": num_train,
+        "num_val": num_val,
+        "image_size": image_size,
+        "seed": seed,
+        "captions_per_image": captions_per_image,
+    }
+    layout = {split: (root / f"captions_{split}.json", root / split) for split in ("train", "val")}
+    if _read_meta(root) == meta and _complete(layout):
+        log.info("reusing shapes data set at %s", root)
+        return layout
+    _check_replaceable(root)
+
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
+    try:
+        start = time.perf_counter()
+        _build(staging, meta)
+        elapsed = time.perf_counter() - start
+        _install(staging, root, meta, layout)
+        log.info("wrote %d shapes images to %s in %.1f s", num_train + num_val, root, elapsed)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone already after a successful install
+    return layout
+
+
+def _sample_scene(rng: random.Random, image_size: int) -> Scene:
+    """Place 1-3 shapes with distinct colours so that their boxes keep `_GAP_PX` apart."""
+    count = rng.randint(1, 3)
+    colors = rng.sample(list(COLORS), count)
+    while True:  # restart from scratch if the shapes drawn so far leave no room
+        shapes: list[Shape] = []
+        for color in colors:
+            size, kind = rng.choice(SIZES), rng.choice(KINDS)
+            half = rng.uniform(*_HALF_EXTENT[size]) * image_size
+            for _ in range(50):
+                x, y = (rng.uniform(half + 1, image_size - half - 1) for _ in range(2))
+                if all(_box_gap((x, y), half, s) >= _GAP_PX for s in shapes):
+                    jitter = (rng.randint(-_COLOR_JITTER, _COLOR_JITTER) for _ in range(3))
+                    rgb = tuple(min(255, max(0, c + d)) for c, d in zip(COLORS[color], jitter))
+                    shapes.append(Shape(kind, color, size, (x, y), half, rgb))
+                    break
+            else:
+                break
+        if len(shapes) == count:
+            return Scene(image_size, tuple(shapes))
+
+
+def _box_gap(center: tuple[float, float], half: float, other: Shape) -> float:
+    """Empty space between a square box and `other`'s box along the axis that separates them."""
+    return max(abs(center[0] - other.center[0]), abs(center[1] - other.center[1])) - half - other.half
+
+
+def _render(scene: Scene, rng: random.Random) -> Image.Image:
+    """Draw the shapes at `_SUPERSAMPLE`x on the background and box-downsample."""
+    k = _SUPERSAMPLE
+    canvas = Image.fromarray(_background(rng, scene.image_size)).resize(
+        (scene.image_size * k, scene.image_size * k), Image.Resampling.NEAREST
+    )
+    draw = ImageDraw.Draw(canvas)
+    for shape in scene.shapes:
+        x0, y0, x1, y1 = (v * k for v in shape.box)
+        if shape.kind == "circle":
+            draw.ellipse((x0, y0, x1, y1), fill=shape.rgb)
+        elif shape.kind == "square":
+            inset = (1.0 - _SQUARE_FILL) * shape.half * k
+            draw.rectangle((x0 + inset, y0 + inset, x1 - inset, y1 - inset), fill=shape.rgb)
+        else:  # triangle pointing up; its centroid (and the box centre) lie inside it
+            draw.polygon([((x0 + x1) / 2, y0), (x1, y1), (x0, y1)], fill=shape.rgb)
+    return canvas.reduce(k)
+
+
+def _background(rng: random.Random, size: int) -> np.ndarray:
+    """A dark (so every shape colour stands out) plain, noisy or graded background."""
+    gray = rng.randint(25, 70)
+    base = np.array([gray + rng.randint(-8, 8) for _ in range(3)], dtype=np.float32)
+    pixels = np.broadcast_to(base, (size, size, 3)).copy()
+    style = rng.choice(("plain", "noise", "gradient"))
+    if style == "noise":
+        noise = np.random.default_rng(rng.getrandbits(64)).normal(0.0, 6.0, (size, size, 1))
+        pixels += noise.astype(np.float32)
+    elif style == "gradient":
+        ramp = np.linspace(-1.0, 1.0, size, dtype=np.float32) * rng.uniform(8.0, 18.0)
+        pixels += ramp[:, None, None] if rng.random() < 0.5 else ramp[None, :, None]
+    return np.clip(np.rint(pixels), 0, 255).astype(np.uint8)
+
+
+def _noun_phrase(shape: Shape, rng: random.Random) -> str:
+    """ "little red box": size, colour and kind, with synonyms, without an article."""
+    size, kind = rng.choice(_SIZE_WORDS[shape.size]), rng.choice(_KIND_WORDS[shape.kind])
+    return f"{size} {shape.color} {kind}"
+
+
+def _caption(scene: Scene, rng: random.Random, relation: tuple[int, str, int] | None) -> str:
+    """One caption naming every shape; states `relation` (i, rel, j) when given."""
+    shapes = list(scene.shapes)
+    if relation is None:
+        rng.shuffle(shapes)
+        template, rel_words = rng.choice(_PLAIN_TEMPLATES[len(shapes)]), ""
+    else:
+        i, rel, j = relation
+        shapes = [shapes[i], shapes[j]] + [s for k, s in enumerate(shapes) if k not in (i, j)]
+        template, rel_words = rng.choice(_RELATION_TEMPLATES[len(shapes)]), rng.choice(_RELATION_WORDS[rel])
+    return template.format(*(_noun_phrase(s, rng) for s in shapes), r=rel_words)
+
+
+def _build(staging: Path, meta: dict[str, Any]) -> None:
+    """Draw every image of both splits into `staging` and write their annotation files."""
+    image_size, seed, per_image = meta["image_size"], meta["seed"], meta["captions_per_image"]
+    splits = (("train", meta["num_train"], 0), ("val", meta["num_val"], _VAL_ID_BASE))
+    total = meta["num_train"] + meta["num_val"]
+    with tqdm(total=total, desc="shapes scenes", unit="img", file=sys.stderr) as bar:
+        for split, count, id_base in splits:
+            images_dir = staging / split
+            images_dir.mkdir()
+            records = []
+            for index in range(count):
+                rng = random.Random(f"{_FORMAT}/{seed}/{split}/{index}")  # str seeds hash stably
+                image, captions, _ = draw_scene(rng, image_size, per_image)
+                image_id = id_base + index + 1
+                path = images_dir / f"{image_id:08d}.png"
+                image.save(path, format="PNG", compress_level=1)
+                records.append(CaptionRecord(image_id, path, tuple(captions)))
+                bar.update()
+            sizes = {record.image_id: (image_size, image_size) for record in records}
+            info = {"description": f"mmtx shapes scenes, {split} split", "version": _FORMAT_VERSION}
+            annotations = staging / f"captions_{split}.json"
+            write_coco_captions(records, annotations, images_dir, sizes=sizes, info=info)
+    (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+
+
+def _install(staging: Path, root: Path, meta: dict[str, Any], layout: dict[str, tuple[Path, Path]]) -> None:
+    """Move the finished `staging` directory to `root`, replacing an old shapes data set."""
+    if _read_meta(root) == meta and _complete(layout):
+        return  # another process finished the same data set first
+    _check_replaceable(root)
+    stale = None
+    if root.is_dir() and any(root.iterdir()):
+        stale = root.with_name(f".{root.name}.stale-{secrets.token_hex(4)}")
+        os.replace(root, stale)
+    elif root.is_dir():
+        root.rmdir()
+    os.replace(staging, root)
+    if stale is not None:
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _read_meta(root: Path) -> dict[str, Any] | None:
+    """The parsed ``meta.json`` of a shapes data set at `root`, or None if there is none."""
+    try:
+        meta = json.loads((root / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and meta.get("format") == _FORMAT else None
+
+
+def _complete(layout: dict[str, tuple[Path, Path]]) -> bool:
+    return all(annotations.is_file() and images.is_dir() for annotations, images in layout.values())
+
+
+def _check_replaceable(root: Path) -> None:
+    """Refuse to replace anything but nothing, an empty directory or a shapes data set."""
+    if not root.exists():
+        return
+    if not root.is_dir():
+        raise FileExistsError(f"{root} exists and is not a directory; cannot write a shapes data set there")
+    if any(root.iterdir()) and _read_meta(root) is None:
+        raise FileExistsError(
+            f"{root} is a non-empty directory without a shapes meta.json; refusing to overwrite it"
+        )

@@ -1,0 +1,57 @@
+"""Image preprocessing: an RGB PIL image in, a normalised (3, S, S) float tensor out.
+
+There is deliberately no horizontal flip, even for training: captions and questions talk
+about "left of" and "right of", and a flip would silently make them false.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torchvision.transforms import InterpolationMode, v2
+
+IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
+IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
+
+
+def build_transforms(
+    image_size: int,
+    train: bool,
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+    crop_scale: tuple[float, float] | None = None,
+) -> v2.Compose:
+    """Build the pipeline PIL RGB -> float32 tensor (3, image_size, image_size), normalised.
+
+    The image is squashed to a square (no aspect-preserving crop, so nothing a caption
+    mentions is cut away). With `train=True` and a `crop_scale=(lo, hi)`, a
+    RandomResizedCrop keeping `lo`..`hi` of the area replaces the squash; `train=True`
+    without `crop_scale` is the same deterministic pipeline as evaluation.
+    """
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size <= 0:
+        raise ValueError(f"image_size must be a positive int, got {image_size!r}")
+    mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+    if len(mean) != 3 or len(std) != 3:
+        raise ValueError(f"mean and std need 3 values (RGB), got mean={mean} std={std}")
+    if min(std) <= 0:
+        raise ValueError(f"std must be positive, got {std}")
+
+    size = (image_size, image_size)
+    if train and crop_scale is not None:
+        lo, hi = crop_scale
+        if not 0.0 < lo <= hi <= 1.0:
+            raise ValueError(f"crop_scale must satisfy 0 < lo <= hi <= 1, got {crop_scale}")
+        resize = v2.RandomResizedCrop(
+            size, scale=(lo, hi), interpolation=InterpolationMode.BICUBIC, antialias=True
+        )
+    else:
+        resize = v2.Resize(size, interpolation=InterpolationMode.BICUBIC, antialias=True)
+    return v2.Compose(
+        [
+            resize,
+            v2.ToImage(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(mean=list(mean), std=list(std)),
+        ]
+    )

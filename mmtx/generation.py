@@ -1,0 +1,221 @@
+"""Caption generation: greedy, beam search and sampling, all over the decoder's KV cache.
+
+The image is encoded once and each decoder layer computes its cross-attention keys/values from
+it once (they live in the cache); every step then feeds only the newest token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mmtx.models.captioner import ImageCaptioner
+from mmtx.models.decoder import CaptionDecoder
+
+
+@dataclass
+class GenerationConfig:
+    """How to decode. ``num_beams > 1`` selects beam search, ``do_sample`` sampling, else greedy.
+
+    ``length_penalty`` divides a finished beam's log-probability by ``length ** length_penalty``
+    (> 0 favours longer captions). ``early_stopping`` ends an image's search as soon as it has
+    ``num_beams`` finished hypotheses. ``min_new_tokens`` forbids EOS before that many tokens
+    (benchmarks use it to generate a fixed number of tokens).
+    """
+
+    max_new_tokens: int = 32
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool = True
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_new_tokens: int = 0
+    use_cache: bool = True
+
+    def __post_init__(self) -> None:
+        checks = {
+            "max_new_tokens": self.max_new_tokens >= 1,
+            "num_beams": self.num_beams >= 1,
+            "temperature": self.temperature > 0,
+            "top_k": self.top_k >= 0,
+            "top_p": 0 < self.top_p <= 1,
+            "min_new_tokens": 0 <= self.min_new_tokens <= self.max_new_tokens,
+        }
+        bad = [k for k, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"invalid generation settings: {', '.join(f'{k}={getattr(self, k)}' for k in bad)}")
+        if self.do_sample and self.num_beams > 1:
+            raise ValueError("generation: choose do_sample=true or num_beams>1, not both")
+
+
+class _Stepper:
+    """Next-token log-probabilities for growing sequences, with or without the KV cache."""
+
+    def __init__(
+        self, decoder: CaptionDecoder, context: Tensor, use_cache: bool, max_length: int,
+        banned: list[int],
+    ) -> None:
+        self.decoder, self.context, self.banned = decoder, context, banned
+        self.cache = decoder.new_cache(max_length) if use_cache else None
+
+    def __call__(self, tokens: Tensor) -> Tensor:
+        """``tokens`` (N, t): every token so far -> log-probs (N, vocab) of the next one."""
+        if self.cache is not None:
+            new = tokens[:, self.cache[0].self_kv.length :]  # only what the cache has not seen
+            logits = self.decoder(new, self.context, cache=self.cache)
+        else:
+            logits = self.decoder(tokens, self.context)
+        logits = logits[:, -1].float()
+        logits[:, self.banned] = -float("inf")  # never emit padding or a second BOS
+        return logits.log_softmax(-1)
+
+    def repeat_interleave(self, k: int) -> None:
+        """Turn each row into ``k`` rows (beams), reusing the computed state."""
+        if self.cache is not None:
+            for block in self.cache:
+                block.self_kv.repeat_interleave(k)
+                block.cross_kv.repeat_interleave(k)
+        else:
+            self.context = self.context.repeat_interleave(k, dim=0)
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows ``index`` (beams of the same image share the image, so only history moves)."""
+        if self.cache is not None:
+            for block in self.cache:
+                block.self_kv.reorder(index)
+
+
+@torch.no_grad()
+def generate(
+    model: ImageCaptioner,
+    images: Tensor,
+    *,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    config: GenerationConfig | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Captions for ``images`` (B, 3, H, W) as token ids (B, L), without BOS, padded after EOS."""
+    cfg = config or GenerationConfig()
+    max_length = 1 + cfg.max_new_tokens
+    if max_length > model.decoder.max_length:
+        raise ValueError(
+            f"max_new_tokens={cfg.max_new_tokens} needs {max_length} positions, "
+            f"the decoder has {model.decoder.max_length}"
+        )
+    step = _Stepper(model.decoder, model.encode(images), cfg.use_cache, max_length, [pad_id, bos_id])
+    B = images.shape[0]
+    if cfg.num_beams > 1:
+        return _beam_search(step, B, cfg, bos_id, eos_id, pad_id, images.device)
+    return _greedy_or_sample(step, B, cfg, bos_id, eos_id, pad_id, images.device, generator)
+
+
+def _greedy_or_sample(
+    step: _Stepper, B: int, cfg: GenerationConfig, bos: int, eos: int, pad: int,
+    device: torch.device, generator: torch.Generator | None,
+) -> Tensor:
+    tokens = torch.full((B, 1 + cfg.max_new_tokens), pad, dtype=torch.long, device=device)
+    tokens[:, 0] = bos
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    end = tokens.shape[1]
+    for t in range(cfg.max_new_tokens):
+        logp = step(tokens[:, : t + 1])
+        if t < cfg.min_new_tokens:
+            logp[:, eos] = -float("inf")
+        if cfg.do_sample:
+            probs = filter_logits(logp / cfg.temperature, cfg.top_k, cfg.top_p).softmax(-1)
+            nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        else:
+            nxt = logp.argmax(-1)
+        tokens[:, t + 1] = torch.where(done, pad, nxt)
+        done |= nxt == eos
+        if t + 1 >= cfg.min_new_tokens and bool(done.all()):
+            end = t + 2
+            break
+    return tokens[:, 1:end]
+
+
+def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Keep the ``top_k`` highest logits and the smallest set whose probability reaches ``top_p``
+    (nucleus sampling, Holtzman et al. 2020); the rest become -inf. ``logits``: (N, V)."""
+    if top_k > 0:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, -float("inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) >= top_p  # mass before this token already enough
+        drop[:, 0] = False
+        logits = logits.masked_fill(drop.scatter(1, order, drop), -float("inf"))
+    return logits
+
+
+def _beam_search(
+    step: _Stepper, B: int, cfg: GenerationConfig, bos: int, eos: int, pad: int, device: torch.device
+) -> Tensor:
+    """Batched beam search with a pool of finished hypotheses per image (as in fairseq/HF).
+
+    Each step takes the best 2K continuations of the K live beams: those ending in EOS (and
+    ranked within the top K) enter the image's finished pool, scored by length-normalised
+    log-probability; the best K others live on.
+    """
+    K, L = cfg.num_beams, 1 + cfg.max_new_tokens
+    neg_inf = -float("inf")
+    alive = torch.full((B, K, L), pad, dtype=torch.long, device=device)
+    alive[:, :, 0] = bos
+    alive_scores = torch.full((B, K), neg_inf, device=device)
+    alive_scores[:, 0] = 0.0  # all beams start identical: expand only the first
+    finished = torch.full((B, K, L), pad, dtype=torch.long, device=device)
+    fin_scores = torch.full((B, K), neg_inf, device=device)
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    rows = torch.arange(B, device=device)[:, None] * K
+
+    logp = step(alive[:, 0, :1])[:, None, :]  # (B, 1, V): first step once per image
+    step.repeat_interleave(K)
+    V = logp.shape[-1]
+    rank = torch.arange(2 * K, device=device)[None, :]
+    for t in range(cfg.max_new_tokens):
+        if t > 0:
+            logp = step(alive.view(B * K, L)[:, : t + 1]).view(B, K, V)
+        if t < cfg.min_new_tokens:
+            logp[..., eos] = neg_inf
+        cand = (alive_scores[..., None] + logp).view(B, K * V)
+        top_scores, top_idx = cand.topk(2 * K, dim=1)  # (B, 2K)
+        src_beam, token = top_idx // V, top_idx % V
+        seqs = alive.gather(1, src_beam[..., None].expand(-1, -1, L)).clone()  # (B, 2K, L)
+        seqs[:, :, t + 1] = token
+
+        # finished pool: EOS continuations within the top K ranks, for images still searching
+        ends = (token == eos) & (rank < K) & ~done[:, None]
+        norm = top_scores / float(t + 1) ** cfg.length_penalty
+        pool_scores = torch.cat([fin_scores, norm.masked_fill(~ends, neg_inf)], dim=1)
+        fin_scores, pick = pool_scores.topk(K, dim=1)
+        finished = torch.cat([finished, seqs], dim=1).gather(1, pick[..., None].expand(-1, -1, L))
+
+        # live beams: the best K continuations that did not end
+        alive_scores, pick = top_scores.masked_fill(token == eos, neg_inf).topk(K, dim=1)
+        alive = seqs.gather(1, pick[..., None].expand(-1, -1, L))
+        step.reorder((rows + src_beam.gather(1, pick)).view(-1))
+
+        full = fin_scores[:, -1] > neg_inf
+        if cfg.early_stopping:
+            done |= full
+        else:  # stop once no live beam can still beat the worst finished one
+            best_len = cfg.max_new_tokens if cfg.length_penalty > 0 else t + 1
+            best_possible = alive_scores[:, 0] / float(best_len) ** cfg.length_penalty
+            done |= full & (best_possible <= fin_scores[:, -1])
+        if bool(done.all()):
+            break
+
+    if not bool(done.all()):  # out of steps: live beams compete with the finished ones
+        live = (alive_scores / float(t + 1) ** cfg.length_penalty).masked_fill(done[:, None], neg_inf)
+        pool_scores, pick = torch.cat([fin_scores, live], dim=1).topk(K, dim=1)
+        finished = torch.cat([finished, alive], dim=1).gather(1, pick[..., None].expand(-1, -1, L))
+    best = finished[:, 0, 1:]
+    used = int((best != pad).sum(1).max().clamp(min=1))
+    return best[:, :used]

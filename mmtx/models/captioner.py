@@ -1,0 +1,42 @@
+"""Image captioner: a ViT encoder composed with a cross-attending text decoder."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mmtx.models.decoder import CaptionDecoder
+from mmtx.models.vit import VisionEncoder
+from mmtx.nn.init import init_weights
+
+
+class ImageCaptioner(nn.Module):
+    """``encoder`` turns images into tokens; ``decoder`` predicts the caption from them.
+
+    The encoder width may differ from the decoder's: cross-attention projects between them.
+    """
+
+    def __init__(self, encoder: VisionEncoder, decoder: CaptionDecoder) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.decoder = decoder
+        self.apply(init_weights)
+
+    def encode(self, images: Tensor) -> Tensor:
+        """(B, 3, H, W) -> image tokens (B, 1 + N, encoder.dim)."""
+        return self.encoder(images)
+
+    def forward(self, images: Tensor, input_ids: Tensor) -> Tensor:
+        """Teacher-forced logits (B, T, vocab) for ``input_ids`` (B, T) given the images."""
+        return self.decoder(input_ids, self.encode(images))
+
+    def loss(
+        self, images: Tensor, input_ids: Tensor, pad_id: int, label_smoothing: float = 0.0
+    ) -> Tensor:
+        """Next-token cross-entropy over the caption ``[BOS] w1 .. wn [EOS] [PAD]..``; pads ignored."""
+        logits = self(images, input_ids[:, :-1])
+        targets = input_ids[:, 1:]
+        return F.cross_entropy(
+            logits.flatten(0, 1).float(), targets.flatten(), ignore_index=pad_id,
+            label_smoothing=label_smoothing,
+        )

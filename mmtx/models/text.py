@@ -1,0 +1,108 @@
+"""Text towers: token embedding + positions + blocks, bidirectional or causal."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from mmtx.nn.attention import KVCache
+from mmtx.nn.blocks import BlockCache, TransformerBlock
+from mmtx.nn.embeddings import PositionKind, check_position_kind, sinusoidal_1d
+from mmtx.nn.rotary import Rotary
+
+
+class TextTransformer(nn.Module):
+    """Embeds token ids and runs them through pre-norm blocks.
+
+    ``causal=True`` with a ``context_dim`` gives a decoder body (masked self-attention plus
+    cross-attention to, e.g., image tokens); the defaults give a bidirectional encoder.
+
+    Args:
+        vocab_size: number of token ids.
+        max_length: longest sequence (size of the learned position table; KV cache length).
+        pos_embed: ``learned`` (BERT/GPT-2), ``sinusoidal`` (Vaswani et al.) or ``rope``.
+        pad_id: id whose embedding is kept at zero.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        dim: int = 512,
+        depth: int = 6,
+        num_heads: int = 8,
+        mlp_ratio: float = 4.0,
+        max_length: int = 64,
+        pos_embed: PositionKind = "learned",
+        causal: bool = False,
+        context_dim: int | None = None,
+        qkv_bias: bool = True,
+        dropout: float = 0.0,
+        attn_dropout: float = 0.0,
+        norm_eps: float = 1e-6,
+        pad_id: int | None = 0,
+    ) -> None:
+        super().__init__()
+        self.pos_kind = check_position_kind(pos_embed)
+        self.dim, self.max_length, self.causal = dim, max_length, causal
+        self.token_embed = nn.Embedding(vocab_size, dim, padding_idx=pad_id)
+        self.pos_embed = nn.Embedding(max_length, dim) if pos_embed == "learned" else None
+        self.rotary = Rotary(dim // num_heads) if pos_embed == "rope" else None
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(
+                dim, num_heads, mlp_ratio, context_dim=context_dim, qkv_bias=qkv_bias,
+                dropout=dropout, attn_dropout=attn_dropout, norm_eps=norm_eps,
+            )
+            for _ in range(depth)
+        )
+        self.norm = nn.LayerNorm(dim, eps=norm_eps)
+
+    def new_cache(self, max_length: int | None = None) -> list[BlockCache]:
+        """Empty per-block decoding state for up to ``max_length`` tokens."""
+        return [BlockCache(KVCache(max_length or self.max_length)) for _ in self.blocks]
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        context: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        context_mask: Tensor | None = None,
+        cache: list[BlockCache] | None = None,
+    ) -> Tensor:
+        """``input_ids`` (B, T) -> hidden states (B, T, dim) after the final norm.
+
+        ``mask`` (B, T) is True on real tokens; with a ``cache``, ``input_ids`` are only the new
+        tokens and their positions continue from the cached length.
+        """
+        T = input_ids.shape[1]
+        start = cache[0].self_kv.length if cache else 0
+        if start + T > self.max_length:
+            raise ValueError(f"sequence of {start + T} tokens exceeds max_length={self.max_length}")
+        positions = torch.arange(start, start + T, device=input_ids.device)
+        x = self.token_embed(input_ids)
+        rope = None
+        if self.pos_kind == "learned":
+            x = x + self.pos_embed(positions)
+        elif self.pos_kind == "sinusoidal":
+            x = x + sinusoidal_1d(positions, self.dim).to(x.dtype)
+        else:
+            rope = self.rotary(positions)
+        x = self.drop(x)
+        if self.causal:
+            # Right padding: causality already keeps real tokens from seeing the pads after them,
+            # so the padding mask is redundant and dropping it keeps the fused causal kernel.
+            mask = None
+        for i, block in enumerate(self.blocks):
+            x = block(
+                x, context, mask=mask, context_mask=context_mask, causal=self.causal, rope=rope,
+                cache=cache[i] if cache is not None else None,
+            )
+        return self.norm(x)
+
+
+class TextEncoder(TextTransformer):
+    """Bidirectional text encoder (BERT-style): every token sees every real token."""
+
+    def __init__(self, vocab_size: int, **kwargs) -> None:
+        super().__init__(vocab_size, causal=False, **kwargs)

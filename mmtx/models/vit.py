@@ -1,0 +1,92 @@
+"""ViT patch encoder (Dosovitskiy et al. 2020): image -> CLS + patch tokens."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from mmtx.nn.blocks import TransformerBlock
+from mmtx.nn.embeddings import (
+    PatchEmbed,
+    PositionKind,
+    check_position_kind,
+    grid_positions,
+    resample_positions,
+    sinusoidal_2d,
+)
+from mmtx.nn.rotary import Rotary
+
+
+class VisionEncoder(nn.Module):
+    """Conv patch embedding, a CLS token, positions, and a stack of pre-norm blocks.
+
+    Args:
+        image_size: the training image size; learned positions are stored for its grid and
+            resampled bicubically when an image of another size comes in.
+        patch_size: side of the square patches.
+        dim, depth, num_heads, mlp_ratio: the transformer's width, blocks, heads, MLP expansion.
+        pos_embed: ``learned`` (ViT), ``sinusoidal`` (fixed 2-D) or ``rope`` (axial 2-D rotary).
+    """
+
+    def __init__(
+        self,
+        image_size: int = 224,
+        patch_size: int = 16,
+        in_chans: int = 3,
+        dim: int = 768,
+        depth: int = 12,
+        num_heads: int = 12,
+        mlp_ratio: float = 4.0,
+        pos_embed: PositionKind = "learned",
+        qkv_bias: bool = True,
+        dropout: float = 0.0,
+        attn_dropout: float = 0.0,
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        self.pos_kind = check_position_kind(pos_embed)
+        self.dim = dim
+        self.patch_embed = PatchEmbed(patch_size, in_chans, dim)
+        self.grid_size = self.patch_embed.grid(image_size, image_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        num_patches = self.grid_size[0] * self.grid_size[1]
+        # learned: one vector per patch of the training grid plus one for CLS (timm layout)
+        self.pos_embed = (
+            nn.Parameter(torch.randn(1, 1 + num_patches, dim) * 0.02) if pos_embed == "learned" else None
+        )
+        self.rotary = Rotary(dim // num_heads, ndim=2) if pos_embed == "rope" else None
+        self.pos_drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(
+                dim, num_heads, mlp_ratio, qkv_bias=qkv_bias, dropout=dropout,
+                attn_dropout=attn_dropout, norm_eps=norm_eps,
+            )
+            for _ in range(depth)
+        )
+        self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        nn.init.normal_(self.cls_token, std=0.02)
+
+    def positions(self, grid: tuple[int, int]) -> Tensor:
+        """Additive position table (1, 1 + h*w, dim) for a grid of patches."""
+        if self.pos_kind == "learned":
+            cls_pos, patch_pos = self.pos_embed[:, :1], self.pos_embed[:, 1:]
+            return torch.cat([cls_pos, resample_positions(patch_pos, self.grid_size, grid)], dim=1)
+        table = sinusoidal_2d(*grid, self.dim, device=self.cls_token.device)
+        return torch.cat([table.new_zeros(1, self.dim), table])[None].to(self.cls_token.dtype)
+
+    def forward(self, images: Tensor) -> Tensor:
+        """``images`` (B, 3, H, W) -> tokens (B, 1 + N, dim), CLS first, after the final norm."""
+        grid = self.patch_embed.grid(images.shape[-2], images.shape[-1])
+        x = self.patch_embed(images)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        rope = None
+        if self.rotary is not None:
+            # CLS sits at (0, 0) (no rotation); patches at (row + 1, col + 1)
+            pos = torch.cat([x.new_zeros(1, 2), grid_positions(*grid, device=x.device) + 1])
+            rope = self.rotary(pos)
+        else:
+            x = x + self.positions(grid)
+        x = self.pos_drop(x)
+        for block in self.blocks:
+            x = block(x, rope=rope)
+        return self.norm(x)

@@ -1,0 +1,176 @@
+"""Multi-head attention: the one attention implementation every mmtx model uses.
+
+Self-attention projects queries, keys and values with one fused matmul; cross-attention projects
+queries from ``x`` and keys/values (fused) from ``context``. Both run through
+``F.scaled_dot_product_attention`` so the fastest available kernel (flash, memory-efficient, or the
+CPU math path) is picked by PyTorch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mmtx.nn.rotary import apply_rotary
+
+
+class KVCache:
+    """Keys and values of one attention layer, kept between decoding steps.
+
+    Self-attention appends each step's keys/values into a buffer preallocated for ``max_length``
+    positions (no reallocation per step). Cross-attention stores the context's keys/values once
+    (``static``) and reuses them for every step: they depend on the image only.
+    """
+
+    def __init__(self, max_length: int | None = None, static: bool = False) -> None:
+        self.max_length = max_length
+        self.static = static
+        self.k: Tensor | None = None  # (B, H, max_length, Dh) buffer, or (B, H, S, Dh) if static
+        self.v: Tensor | None = None
+        self.length = 0
+
+    @property
+    def ready(self) -> bool:
+        return self.k is not None
+
+    def store(self, k: Tensor, v: Tensor) -> None:
+        """Keep a context's keys/values (cross-attention)."""
+        self.k, self.v, self.length = k, v, k.shape[2]
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add ``t`` new positions; return the keys/values of all positions so far."""
+        start, end = self.length, self.length + k.shape[2]
+        if self.max_length is None:  # unbounded: grow by concatenation
+            self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+            self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        else:
+            if end > self.max_length:
+                raise ValueError(f"KV cache overflow: {end} positions > max_length={self.max_length}")
+            if self.k is None:
+                shape = (k.shape[0], k.shape[1], self.max_length, k.shape[3])
+                self.k = k.new_empty(shape)
+                self.v = v.new_empty(shape)
+            self.k[:, :, start:end] = k
+            self.v[:, :, start:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows (beam search keeps the surviving beams' histories)."""
+        if self.k is not None and not self.static:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+
+    def repeat_interleave(self, repeats: int) -> None:
+        """Give every batch row ``repeats`` copies (one per beam)."""
+        if self.k is not None:
+            self.k = self.k.repeat_interleave(repeats, dim=0)
+            self.v = self.v.repeat_interleave(repeats, dim=0)
+
+
+def build_attn_mask(
+    key_padding_mask: Tensor | None, causal: bool, q_len: int, k_len: int, device: torch.device
+) -> Tensor | None:
+    """Boolean mask for SDPA (True = may attend), broadcastable to (B, H, q_len, k_len).
+
+    Queries are the last ``q_len`` of ``k_len`` positions (the usual case with a KV cache), so the
+    causal part is aligned to the bottom-right.
+    """
+    mask = None
+    if causal and q_len > 1:
+        q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+        mask = torch.arange(k_len, device=device)[None, :] <= q_pos  # (q_len, k_len)
+    if key_padding_mask is not None:
+        pad = key_padding_mask[:, None, None, :].bool()  # (B, 1, 1, k_len)
+        mask = pad if mask is None else pad & mask
+    return mask
+
+
+class Attention(nn.Module):
+    """Multi-head scaled dot-product attention, self or cross.
+
+    Args:
+        dim: width of the queries' stream (and of the output).
+        num_heads: number of heads; ``dim`` must be divisible by it.
+        context_dim: width of the keys/values' stream for cross-attention; ``None`` makes this a
+            self-attention layer with a fused QKV projection.
+        qkv_bias: bias on the input projections.
+        attn_dropout: dropout on the attention weights (training only).
+        proj_dropout: dropout after the output projection.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        context_dim: int | None = None,
+        qkv_bias: bool = True,
+        attn_dropout: float = 0.0,
+        proj_dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(f"attention width {dim} is not divisible by num_heads={num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.is_cross = context_dim is not None
+        if self.is_cross:
+            self.q = nn.Linear(dim, dim, bias=qkv_bias)
+            self.kv = nn.Linear(context_dim, 2 * dim, bias=qkv_bias)
+        else:
+            self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.attn_dropout = attn_dropout
+        self.proj_dropout = nn.Dropout(proj_dropout)
+
+    def _heads(self, x: Tensor, n: int) -> tuple[Tensor, ...]:
+        """(B, T, n*D) -> n tensors of shape (B, H, T, Dh)."""
+        B, T, _ = x.shape
+        return x.view(B, T, n, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        causal: bool = False,
+        rope: tuple[Tensor, Tensor] | None = None,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        """Attend from ``x`` (B, T, dim) to itself or to ``context`` (B, S, context_dim).
+
+        ``key_padding_mask`` (B, S) is True on real keys. ``rope`` is (cos, sin) for the query
+        positions (self-attention only). With a ``cache``, ``x`` holds only the new positions.
+        """
+        B, T, C = x.shape
+        if self.is_cross:
+            if context is None and (cache is None or not cache.ready):
+                raise ValueError("cross-attention needs a context (or a filled cache)")
+            q = self._heads(self.q(x), 1)[0]
+            if cache is not None and cache.ready:
+                k, v = cache.k, cache.v  # computed once per image
+            else:
+                k, v = self._heads(self.kv(context), 2)
+                if cache is not None:
+                    cache.store(k, v)
+            mask = build_attn_mask(key_padding_mask, False, T, k.shape[2], x.device)
+            is_causal = False
+        else:
+            q, k, v = self._heads(self.qkv(x), 3)  # (B, H, T, Dh) each
+            if rope is not None:
+                q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+            if cache is not None:
+                k, v = cache.append(k, v)
+            S = k.shape[2]
+            # the causal flag alone is exact (and fastest) when queries and keys are aligned
+            is_causal = causal and key_padding_mask is None and S == T and T > 1
+            mask = None if is_causal else build_attn_mask(key_padding_mask, causal, T, S, x.device)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal,
+            dropout_p=self.attn_dropout if self.training else 0.0,
+        )  # (B, H, T, Dh)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return self.proj_dropout(self.proj(y))

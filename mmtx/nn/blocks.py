@@ -1,0 +1,97 @@
+"""The MLP and the pre-norm residual block that every tower stacks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import Tensor, nn
+
+from mmtx.nn.attention import Attention, KVCache
+
+
+class Mlp(nn.Module):
+    """Position-wise feed-forward network: Linear -> GELU -> Linear."""
+
+    def __init__(self, dim: int, hidden_dim: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.fc2(self.act(self.fc1(x))))
+
+
+@dataclass
+class BlockCache:
+    """Decoding state of one block: growing self-attention K/V, fixed cross-attention K/V."""
+
+    self_kv: KVCache
+    cross_kv: KVCache = field(default_factory=lambda: KVCache(static=True))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm residual block: ``x + SelfAttn(LN(x))``, ``+ CrossAttn(LN(x), context)``, ``+ MLP(LN(x))``.
+
+    Args:
+        dim: width of the stream.
+        num_heads: attention heads (self and cross).
+        mlp_ratio: MLP hidden width as a multiple of ``dim``.
+        context_dim: width of the stream that cross-attention reads; ``None`` means no
+            cross-attention (an encoder block).
+        self_attention: False drops the self-attention sub-layer (a ViLBERT co-attention half:
+            cross-attention + MLP only).
+        dropout: dropout on each residual branch; ``attn_dropout`` on the attention weights.
+        norm_eps: LayerNorm epsilon (1e-6 as in ViT, 1e-12 as in BERT, 1e-5 as in GPT-2).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        *,
+        context_dim: int | None = None,
+        self_attention: bool = True,
+        qkv_bias: bool = True,
+        dropout: float = 0.0,
+        attn_dropout: float = 0.0,
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        attn_kw = dict(qkv_bias=qkv_bias, attn_dropout=attn_dropout, proj_dropout=dropout)
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps) if self_attention else None
+        self.attn = Attention(dim, num_heads, **attn_kw) if self_attention else None
+        self.norm_cross = nn.LayerNorm(dim, eps=norm_eps) if context_dim is not None else None
+        self.cross_attn = (
+            Attention(dim, num_heads, context_dim=context_dim, **attn_kw)
+            if context_dim is not None
+            else None
+        )
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout)
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        context_mask: Tensor | None = None,
+        causal: bool = False,
+        rope: tuple[Tensor, Tensor] | None = None,
+        cache: BlockCache | None = None,
+    ) -> Tensor:
+        """``x`` (B, T, dim); ``mask`` (B, T) and ``context_mask`` (B, S) are True on real tokens."""
+        if self.attn is not None:
+            x = x + self.attn(
+                self.norm1(x), key_padding_mask=mask, causal=causal, rope=rope,
+                cache=cache.self_kv if cache is not None else None,
+            )
+        if self.cross_attn is not None:
+            x = x + self.cross_attn(
+                self.norm_cross(x), context, key_padding_mask=context_mask,
+                cache=cache.cross_kv if cache is not None else None,
+            )
+        return x + self.mlp(self.norm2(x))

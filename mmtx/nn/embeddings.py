@@ -1,0 +1,80 @@
+"""Patch and token embeddings, and the absolute position encodings the towers choose from."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+PositionKind = Literal["learned", "sinusoidal", "rope"]
+POSITION_KINDS = ("learned", "sinusoidal", "rope")
+
+
+def check_position_kind(kind: str, key: str = "pos_embed") -> str:
+    if kind not in POSITION_KINDS:
+        raise ValueError(f"{key}={kind!r} is not one of {', '.join(POSITION_KINDS)}")
+    return kind
+
+
+class PatchEmbed(nn.Module):
+    """Image (B, C, H, W) -> patch tokens (B, N, dim) by a strided convolution."""
+
+    def __init__(self, patch_size: int, in_chans: int, dim: int) -> None:
+        super().__init__()
+        self.patch_size = patch_size
+        self.proj = nn.Conv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size)
+
+    def grid(self, height: int, width: int) -> tuple[int, int]:
+        p = self.patch_size
+        if height < p or width < p or height % p or width % p:
+            raise ValueError(f"image size {height}x{width} is not a positive multiple of patch_size={p}")
+        return height // p, width // p
+
+    def forward(self, images: Tensor) -> Tensor:
+        self.grid(images.shape[-2], images.shape[-1])
+        return self.proj(images).flatten(2).transpose(1, 2)  # (B, N, dim)
+
+
+def sinusoidal_1d(positions: Tensor, dim: int, base: float = 10000.0) -> Tensor:
+    """The original transformer's fixed encoding: (T,) positions -> (T, dim), sin and cos interleaved."""
+    if dim % 2:
+        raise ValueError(f"sinusoidal positions need an even width, got {dim}")
+    inv_freq = torch.exp(-math.log(base) * torch.arange(0, dim, 2, device=positions.device) / dim)
+    angles = positions.float()[:, None] * inv_freq[None, :]  # (T, dim/2)
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)
+
+
+def sinusoidal_2d(grid_h: int, grid_w: int, dim: int, device: torch.device | None = None) -> Tensor:
+    """Fixed 2-D encoding (as in MAE): half the width encodes the row, half the column -> (h*w, dim)."""
+    if dim % 4:
+        raise ValueError(f"2-D sinusoidal positions need a width divisible by 4, got {dim}")
+    rows = torch.arange(grid_h, device=device).repeat_interleave(grid_w)
+    cols = torch.arange(grid_w, device=device).repeat(grid_h)
+    return torch.cat([sinusoidal_1d(rows, dim // 2), sinusoidal_1d(cols, dim // 2)], dim=1)
+
+
+def grid_positions(grid_h: int, grid_w: int, device: torch.device | None = None) -> Tensor:
+    """(row, col) of each patch in row-major order -> (h*w, 2)."""
+    rows = torch.arange(grid_h, device=device).repeat_interleave(grid_w)
+    cols = torch.arange(grid_w, device=device).repeat(grid_h)
+    return torch.stack([rows, cols], dim=1)
+
+
+def resample_positions(
+    pos: Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int], antialias: bool = False
+) -> Tensor:
+    """Bicubically resize a learned patch-position table (1, h*w, D) to another grid size.
+
+    This is how a ViT trained at one image size runs at another (Dosovitskiy et al. 2020, 3.2).
+    """
+    if tuple(old_grid) == tuple(new_grid):
+        return pos
+    D = pos.shape[-1]
+    grid = pos.reshape(1, old_grid[0], old_grid[1], D).permute(0, 3, 1, 2)
+    grid = F.interpolate(
+        grid.float(), size=new_grid, mode="bicubic", align_corners=False, antialias=antialias
+    )
+    return grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], D).to(pos.dtype)

@@ -1,0 +1,1 @@
+"""LightningModules: what is trained and how it is scored."""

@@ -1,0 +1,133 @@
+"""Image captioning as a LightningModule: teacher-forced training, generated-caption validation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from hydra.utils import instantiate
+
+from mmtx.checkpoint import TASK_KEY
+from mmtx.data.tokenizer import Tokenizer
+from mmtx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from mmtx.generation import GenerationConfig, generate
+from mmtx.metrics.caption import caption_metrics
+from mmtx.models.captioner import ImageCaptioner
+from mmtx.tasks.gather import gather_unique
+from mmtx.tasks.optim import build_optimizer
+
+
+class CaptionTask(L.LightningModule):
+    """Trains an :class:`ImageCaptioner` and scores its generated captions with the COCO metrics.
+
+    The model is built here from its config and the tokenizer is stored as JSON text, so a
+    checkpoint holds only plain data and rebuilds itself (no pickled objects).
+
+    Args:
+        model: the captioner's config (``_target_`` + arguments); the decoder's ``vocab_size``
+            and ``pad_id`` are filled in from the tokenizer.
+        tokenizer: the tokenizer as JSON text (``Tokenizer.to_str()``).
+        lr, weight_decay, betas: AdamW settings (no decay on biases, norms, positions).
+        warmup_ratio, min_lr_ratio: linear warm-up over this fraction of the steps, then cosine
+            decay to ``min_lr_ratio * lr``.
+        label_smoothing: cross-entropy label smoothing (pads are always ignored).
+        generation: :class:`GenerationConfig` fields used for validation captions
+            (``max_new_tokens: null`` = up to the decoder's ``max_length``).
+        num_samples: validation images kept (with their captions) for loggers to show.
+    """
+
+    def __init__(
+        self,
+        model: dict,
+        tokenizer: str,
+        lr: float = 5e-4,
+        weight_decay: float = 0.05,
+        betas: tuple[float, float] = (0.9, 0.98),
+        warmup_ratio: float = 0.05,
+        min_lr_ratio: float = 0.01,
+        label_smoothing: float = 0.1,
+        generation: dict | None = None,
+        num_samples: int = 16,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.tokenizer = Tokenizer.from_str(tokenizer)
+        self.model: ImageCaptioner = instantiate(
+            model, decoder={"vocab_size": self.tokenizer.vocab_size, "pad_id": self.tokenizer.pad_id}
+        )
+        generation = dict(generation or {})
+        if generation.get("max_new_tokens") is None:  # as long as the decoder's positions allow
+            generation["max_new_tokens"] = self.model.decoder.max_length - 1
+        self.generation = GenerationConfig(**generation)
+        self.val_outputs: list[dict[str, Any]] = []
+        self.samples: list[dict[str, Any]] = []  # for loggers: image, prediction, references
+        self.metrics: dict[str, float] = {}  # the last validation's caption metrics
+
+    # --- training ------------------------------------------------------------------------------
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        loss = self.model.loss(
+            batch["images"], batch["input_ids"], self.tokenizer.pad_id, self.hparams.label_smoothing
+        )
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["images"].shape[0])
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=batch["images"].shape[0])
+        return loss
+
+    def configure_optimizers(self) -> dict:
+        h = self.hparams
+        return build_optimizer(
+            self.model, lr=h.lr, weight_decay=h.weight_decay, betas=h.betas,
+            warmup_ratio=h.warmup_ratio, total_steps=self.trainer.estimated_stepping_batches,
+            min_lr_ratio=h.min_lr_ratio,
+        )
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[TASK_KEY] = f"{type(self).__module__}.{type(self).__qualname__}"
+
+    # --- captions ------------------------------------------------------------------------------
+    def caption(self, images: torch.Tensor, config: GenerationConfig | None = None) -> list[str]:
+        """Generated captions for a batch of transformed images (B, 3, H, W)."""
+        tok = self.tokenizer
+        ids = generate(
+            self.model, images, bos_id=tok.bos_id, eos_id=tok.eos_id, pad_id=tok.pad_id,
+            config=config or self.generation,
+        )
+        return tok.decode_batch(ids.cpu())
+
+    # --- validation / test ---------------------------------------------------------------------
+    def on_validation_epoch_start(self) -> None:
+        self.val_outputs, self.samples = [], []
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        images = batch["images"]
+        loss = self.model.loss(images, batch["input_ids"], self.tokenizer.pad_id)
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=images.shape[0])
+        predictions = self.caption(images)
+        for image_id, pred, refs in zip(batch["image_ids"].tolist(), predictions, batch["references"]):
+            self.val_outputs.append({"image_id": image_id, "caption": pred, "references": refs})
+        for i in range(min(len(predictions), self.hparams.num_samples - len(self.samples))):
+            self.samples.append({
+                "image": _to_uint8(images[i]),
+                "prediction": predictions[i],
+                "references": batch["references"][i],
+            })
+
+    def on_validation_epoch_end(self) -> None:
+        outputs = gather_unique(self.val_outputs, key="image_id", strategy=self.trainer.strategy)
+        if self.trainer.sanity_checking or not outputs:
+            return
+        metrics = None
+        if self.trainer.is_global_zero:
+            preds = {o["image_id"]: o["caption"] for o in outputs if o["references"]}
+            refs = {o["image_id"]: o["references"] for o in outputs if o["references"]}
+            metrics = caption_metrics(preds, refs)
+        self.metrics = self.trainer.strategy.broadcast(metrics)
+        self.log_dict({f"val/{k}": v for k, v in self.metrics.items()}, sync_dist=False, rank_zero_only=False)
+        self.val_outputs = outputs  # all ranks' predictions, each image once
+
+
+def _to_uint8(image: torch.Tensor) -> torch.Tensor:
+    """Undo the ImageNet normalisation: (3, H, W) float -> (H, W, 3) uint8 on the CPU."""
+    mean = torch.tensor(IMAGENET_MEAN, device=image.device)[:, None, None]
+    std = torch.tensor(IMAGENET_STD, device=image.device)[:, None, None]
+    return ((image.float() * std + mean).clamp(0, 1) * 255).round().byte().permute(1, 2, 0).cpu()

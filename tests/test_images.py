@@ -1,0 +1,174 @@
+"""load_image: every PIL mode becomes upright 8-bit RGB, every broken file an ImageLoadError;
+build_transforms: shape, dtype, normalisation and the (absent) flip."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision.transforms import v2
+
+from mmtx.data.images import ALPHA_BACKGROUND, ImageLoadError, load_image
+from mmtx.data.transforms import IMAGENET_MEAN, IMAGENET_STD, build_transforms
+
+
+def _save(img: Image.Image, path: Path, **params) -> Path:
+    img.save(path, **params)
+    return path
+
+
+def _pixels(path: Path) -> np.ndarray:
+    img = load_image(path)
+    assert img.mode == "RGB"
+    return np.asarray(img).astype(int)
+
+
+def test_grayscale_and_bilevel_become_gray_rgb(tmp_path: Path) -> None:
+    gray = _pixels(_save(Image.new("L", (5, 4), 100), tmp_path / "l.png"))
+    assert gray.shape == (4, 5, 3) and (gray == 100).all()
+
+    bilevel = Image.new("1", (4, 4), 0)
+    bilevel.putpixel((3, 0), 1)
+    rgb = _pixels(_save(bilevel, tmp_path / "one.png"))
+    assert (rgb[0, 3] == 255).all() and (rgb[0, 0] == 0).all()
+
+
+def test_alpha_is_composited_on_the_background(tmp_path: Path) -> None:
+    rgba = Image.new("RGBA", (2, 1))
+    rgba.putpixel((0, 0), (0, 0, 255, 255))  # opaque blue stays blue
+    rgba.putpixel((1, 0), (255, 0, 0, 0))  # fully transparent red shows the background
+    rgb = _pixels(_save(rgba, tmp_path / "rgba.png"))
+    assert tuple(rgb[0, 0]) == (0, 0, 255)
+    assert tuple(rgb[0, 1]) == ALPHA_BACKGROUND
+
+    la = Image.new("LA", (1, 1), (0, 128))  # black at half opacity over the background
+    half = _pixels(_save(la, tmp_path / "la.png"))[0, 0]
+    expected = np.array(ALPHA_BACKGROUND) * (255 - 128) / 255
+    assert np.abs(half - expected).max() <= 1
+
+
+def test_palette_transparency_is_honoured(tmp_path: Path) -> None:
+    pal = Image.new("P", (2, 1), 0)
+    pal.putpalette([0, 0, 0, 255, 0, 0] + [0] * (256 - 2) * 3)
+    pal.putpixel((1, 0), 1)
+    rgb = _pixels(_save(pal, tmp_path / "p.png", transparency=0))
+    assert tuple(rgb[0, 0]) == ALPHA_BACKGROUND  # index 0 is transparent
+    assert tuple(rgb[0, 1]) == (255, 0, 0)
+
+
+def test_cmyk_converts_to_rgb(tmp_path: Path) -> None:
+    cmyk = Image.new("CMYK", (1, 1), (0, 255, 255, 0))  # full magenta + yellow = red
+    assert tuple(_pixels(_save(cmyk, tmp_path / "cmyk.tif"))[0, 0]) == (255, 0, 0)
+
+
+@pytest.mark.parametrize(("suffix", "mode"), [(".png", "I;16"), (".tif", "I;16B")])
+def test_16_bit_scales_by_bit_depth(tmp_path: Path, suffix: str, mode: str) -> None:
+    img = Image.fromarray(np.array([[0, 257 * 128, 65535]], dtype=np.uint16)).convert("I").convert(mode)
+    path = _save(img, tmp_path / f"deep{suffix}")
+    with Image.open(path) as reopened:
+        assert reopened.mode == mode
+    assert _pixels(path)[0, :, 0].tolist() == [0, 128, 255]  # scaled, not clipped at 255
+
+
+def test_32_bit_int_holding_16_bit_data_and_float(tmp_path: Path) -> None:
+    ints = Image.fromarray(np.array([[0, 65535, 32896]], dtype=np.int32))
+    assert _pixels(_save(ints, tmp_path / "i.tif"))[0, :, 0].tolist() == [0, 255, 128]
+
+    floats = Image.fromarray(np.array([[0.0, 0.5, 1.0]], dtype=np.float32))
+    assert _pixels(_save(floats, tmp_path / "f.tif"))[0, :, 0].tolist() == [0, 128, 255]
+
+
+@pytest.mark.parametrize(
+    ("orientation", "red_corner"),
+    [(6, "top_right"), (8, "bottom_left")],  # 6: rotate 90 cw to display, 8: 90 ccw
+)
+def test_exif_orientation_is_applied(tmp_path: Path, orientation: int, red_corner: str) -> None:
+    stored = Image.new("RGB", (40, 20), (0, 0, 255))
+    stored.paste((255, 0, 0), (0, 0, 10, 10))  # red block in the stored top-left corner
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    path = _save(stored, tmp_path / "rotated.jpg", exif=exif, quality=95)
+
+    img = load_image(path)
+    assert img.size == (20, 40)  # width and height swapped
+    corners = {"top_left": (2, 2), "top_right": (17, 2), "bottom_left": (2, 37), "bottom_right": (17, 37)}
+    for name, xy in corners.items():
+        r, g, b = img.getpixel(xy)
+        is_red = r > 200 and b < 60
+        assert is_red == (name == red_corner), (name, (r, g, b))
+
+
+def test_missing_empty_truncated_and_non_image_files_name_the_path(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.png"
+    empty.touch()
+    text = tmp_path / "notes.jpg"
+    text.write_text("these are not pixels\n")
+    noise = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    full = _save(Image.fromarray(noise), tmp_path / "full.png").read_bytes()
+    truncated = tmp_path / "truncated.png"
+    truncated.write_bytes(full[: len(full) // 2])
+
+    cases = {tmp_path / "missing.png": "No such file", empty: "empty", text: "cannot identify",
+             truncated: "truncated", tmp_path: "not a regular file"}
+    for path, reason in cases.items():
+        with pytest.raises(ImageLoadError) as info:
+            load_image(path)
+        assert str(path) in str(info.value) and reason in str(info.value)
+        assert info.value.path == path
+
+
+def test_decompression_bomb_protection_stays_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _save(Image.new("RGB", (64, 64)), tmp_path / "big.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 4096 px > 2 * limit: a bomb
+    with pytest.raises(ImageLoadError, match="DecompressionBomb"):
+        load_image(path)
+
+
+def test_image_load_error_survives_pickling() -> None:
+    # DataLoader workers pickle exceptions back to the main process.
+    err = pickle.loads(pickle.dumps(ImageLoadError("/data/x.jpg", "file is empty")))
+    assert str(err) == "cannot load image /data/x.jpg: file is empty" and err.reason == "file is empty"
+
+
+def test_transforms_shape_dtype_and_normalisation() -> None:
+    transform = build_transforms(32, train=False)
+    mean_color = tuple(round(m * 255) for m in IMAGENET_MEAN)
+    out = transform(Image.new("RGB", (50, 30), mean_color))
+    assert out.shape == (3, 32, 32) and out.dtype == torch.float32
+    assert out.abs().max() < 0.02  # the mean colour normalises to ~0
+
+    white = transform(Image.new("RGB", (50, 30), (255, 255, 255)))
+    expected = [(1 - m) / s for m, s in zip(IMAGENET_MEAN, IMAGENET_STD)]
+    assert torch.allclose(white.mean(dim=(1, 2)), torch.tensor(expected), atol=1e-4)
+
+
+def test_train_transforms_crop_randomly_and_never_flip() -> None:
+    gradient = np.tile(np.linspace(0, 255, 48, dtype=np.uint8), (48, 1))
+    img = Image.fromarray(np.stack([gradient] * 3, axis=-1))  # dark left, bright right
+
+    plain = build_transforms(24, train=True)
+    assert not any(isinstance(t, v2.RandomHorizontalFlip) for t in plain.transforms)
+    assert torch.equal(plain(img), build_transforms(24, train=False)(img))  # no crop_scale: deterministic
+
+    cropping = build_transforms(24, train=True, crop_scale=(0.3, 0.6), mean=(0.5,) * 3, std=(0.5,) * 3)
+    torch.manual_seed(0)
+    first = torch.stack([cropping(img) for _ in range(8)])
+    torch.manual_seed(0)
+    again = torch.stack([cropping(img) for _ in range(8)])
+    assert first.shape == (8, 3, 24, 24) and torch.equal(first, again)
+    assert not torch.equal(first[0], first[1])  # crops differ
+    assert (first[:, 0, :, -1] >= first[:, 0, :, 0]).all()  # left stays darker than right: no flip
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(image_size=0), dict(image_size=8, std=(0.0, 1.0, 1.0)), dict(image_size=8, mean=(0.5,)),
+     dict(image_size=8, crop_scale=(0.0, 1.0)), dict(image_size=8, crop_scale=(0.9, 0.5))],
+)
+def test_transforms_reject_bad_arguments(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        build_transforms(train=True, **kwargs)

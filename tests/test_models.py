@@ -1,0 +1,95 @@
+"""Towers and the captioner: shapes, position interpolation, the loss."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mmtx.models import CaptionDecoder, TextEncoder, VisionEncoder
+from mmtx.nn.embeddings import resample_positions
+from tests.helpers import tiny_captioner
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope"])
+def test_vit_runs_at_other_image_sizes(pos):
+    torch.manual_seed(0)
+    vit = VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=4, pos_embed=pos).eval()
+    assert vit(torch.randn(2, 3, 32, 32)).shape == (2, 1 + 16, 32)
+    assert vit(torch.randn(2, 3, 48, 64)).shape == (2, 1 + 6 * 8, 32)
+
+
+def test_learned_positions_are_interpolated_bicubically():
+    torch.manual_seed(0)
+    vit = VisionEncoder(image_size=32, patch_size=8, dim=8, depth=1, num_heads=2)
+    same = vit.positions((4, 4))
+    torch.testing.assert_close(same, vit.pos_embed)  # trained size: the table itself
+    big = vit.positions((6, 6))
+    grid = vit.pos_embed[:, 1:].reshape(1, 4, 4, 8).permute(0, 3, 1, 2)
+    want = F.interpolate(grid, size=(6, 6), mode="bicubic", align_corners=False)
+    torch.testing.assert_close(big[:, 1:], want.permute(0, 2, 3, 1).reshape(1, 36, 8))
+    torch.testing.assert_close(big[:, :1], vit.pos_embed[:, :1])  # CLS keeps its own vector
+
+
+def test_interpolation_preserves_a_constant_table():
+    pos = torch.full((1, 9, 4), 0.5)
+    torch.testing.assert_close(resample_positions(pos, (3, 3), (5, 7)), torch.full((1, 35, 4), 0.5))
+
+
+def test_patch_size_must_divide_image():
+    vit = VisionEncoder(image_size=32, patch_size=8, dim=8, depth=1, num_heads=2)
+    with pytest.raises(ValueError, match="patch_size=8"):
+        vit(torch.randn(1, 3, 30, 32))
+    with pytest.raises(ValueError, match="pos_embed='alibi'"):
+        VisionEncoder(image_size=32, patch_size=8, dim=8, depth=1, num_heads=2, pos_embed="alibi")
+
+
+def test_text_encoder_ignores_padding():
+    torch.manual_seed(0)
+    enc = TextEncoder(50, dim=32, depth=2, num_heads=4, max_length=16).eval()
+    ids = torch.randint(3, 50, (1, 8))
+    mask = torch.tensor([[1] * 5 + [0] * 3]).bool()
+    other = ids.clone()
+    other[:, 5:] = torch.randint(3, 50, (1, 3))
+    torch.testing.assert_close(enc(ids, mask=mask)[:, :5], enc(other, mask=mask)[:, :5])
+
+
+def test_decoder_is_causal():
+    torch.manual_seed(0)
+    dec = CaptionDecoder(50, context_dim=16, dim=32, depth=2, num_heads=4, max_length=16).eval()
+    ctx = torch.randn(1, 5, 16)
+    ids = torch.randint(3, 50, (1, 10))
+    changed = ids.clone()
+    changed[:, 6:] = torch.randint(3, 50, (1, 4))
+    torch.testing.assert_close(dec(ids, ctx)[:, :6], dec(changed, ctx)[:, :6])
+
+
+def test_tied_lm_head():
+    dec = CaptionDecoder(50, context_dim=16, dim=32, depth=1, num_heads=4)
+    assert dec.lm_head.weight is dec.body.token_embed.weight
+    untied = CaptionDecoder(50, context_dim=16, dim=32, depth=1, num_heads=4, tie_embeddings=False)
+    assert untied.lm_head.weight is not untied.body.token_embed.weight
+
+
+def test_caption_loss_ignores_padding():
+    model = tiny_captioner()
+    images = torch.randn(2, 3, 32, 32)
+    ids = torch.tensor([[1, 5, 6, 7, 2], [1, 8, 9, 10, 2]])
+    padded = torch.cat([ids, torch.zeros(2, 4, dtype=torch.long)], dim=1)
+    torch.testing.assert_close(model.loss(images, ids, pad_id=0), model.loss(images, padded, pad_id=0))
+    # and equals the cross-entropy written out over the real targets
+    logits = model(images, ids[:, :-1])
+    want = -logits.log_softmax(-1).gather(2, ids[:, 1:, None]).mean()
+    torch.testing.assert_close(model.loss(images, ids, pad_id=0), want)
+
+
+def test_training_lowers_the_loss():
+    model = tiny_captioner(spread=0.02).train()
+    images = torch.randn(4, 3, 32, 32)
+    ids = torch.randint(3, 40, (4, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    first = model.loss(images, ids, 0).item()
+    for _ in range(30):
+        loss = model.loss(images, ids, 0)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.5 * first
