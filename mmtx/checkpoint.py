@@ -14,6 +14,7 @@ from torch import nn
 log = logging.getLogger(__name__)
 
 TASK_KEY = "mmtx_task"  # the task class's import path, written into every checkpoint
+DATA_KEY = "mmtx_data"  # the resolved data config the task was trained on
 
 
 class CheckpointError(RuntimeError):
@@ -44,7 +45,11 @@ def task_class(ckpt: dict[str, Any], path: str | Path) -> type[L.LightningModule
 
 def load_task(path: str | Path, map_location: str | torch.device = "cpu") -> L.LightningModule:
     """Rebuild the trained task (model, tokenizer, settings) from its checkpoint, in eval mode."""
-    ckpt = read_checkpoint(path)
+    return task_from_checkpoint(read_checkpoint(path), path).to(map_location).eval()
+
+
+def task_from_checkpoint(ckpt: dict[str, Any], path: str | Path) -> L.LightningModule:
+    """The task that wrote the already-read checkpoint ``ckpt``, with its weights."""
     cls = task_class(ckpt, path)
     task = cls(**ckpt.get("hyper_parameters", {}))
     missing, unexpected = task.load_state_dict(ckpt["state_dict"], strict=False)
@@ -52,7 +57,8 @@ def load_task(path: str | Path, map_location: str | torch.device = "cpu") -> L.L
         raise CheckpointError(
             f"{path} does not match {cls.__name__}: missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
-    return task.to(map_location).eval()
+    task.data_config = ckpt.get(DATA_KEY)
+    return task
 
 
 def init_from(module: nn.Module, path: str | Path) -> tuple[list[str], list[str]]:

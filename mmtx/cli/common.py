@@ -2,19 +2,42 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import lightning as L
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from mmtx.data.tokenizer import Tokenizer
+from mmtx.checkpoint import CheckpointError
+from mmtx.data.captions import AnnotationError
+from mmtx.data.images import ImageLoadError
+from mmtx.data.tokenizer import Tokenizer, TokenizerError
+from mmtx.generation import GenerationConfig
 
 log = logging.getLogger("mmtx")
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+
+# problems with the user's files or settings: reported in one line, not as a traceback
+USER_ERRORS = (AnnotationError, CheckpointError, ImageLoadError, TokenizerError, FileNotFoundError)
+
+
+def friendly_errors(fn: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:
+    """Exit with ``mmtx: <message>`` (status 1) when ``fn`` fails on bad input."""
+
+    @functools.wraps(fn)
+    def wrapper(cfg: DictConfig) -> Any:
+        try:
+            return fn(cfg)
+        except USER_ERRORS as e:
+            sys.exit(f"mmtx: {e}")
+
+    return wrapper
 
 
 def instantiate_dict(cfg: DictConfig | None) -> list[Any]:
@@ -39,3 +62,9 @@ def to_container(cfg: DictConfig) -> dict:
 
 def make_trainer(cfg: DictConfig, loggers: list, callbacks: list) -> L.Trainer:
     return instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks)
+
+
+def generation_override(config: GenerationConfig, overrides: DictConfig | None) -> GenerationConfig:
+    """``config`` with the non-null ``generation.*`` values given on the command line."""
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    return dataclasses.replace(config, **given) if given else config

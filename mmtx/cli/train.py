@@ -12,7 +12,15 @@ from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig
 
 from mmtx.checkpoint import init_from, read_checkpoint
-from mmtx.cli.common import CONFIG_DIR, build_tokenizer, instantiate_dict, log, make_trainer, to_container
+from mmtx.cli.common import (
+    CONFIG_DIR,
+    build_tokenizer,
+    friendly_errors,
+    instantiate_dict,
+    log,
+    make_trainer,
+    to_container,
+)
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.metrics.caption import constant_baseline, format_metrics_table
 
@@ -38,6 +46,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         cfg.task, model=to_container(cfg.model), tokenizer=tokenizer.to_str(),
         _recursive_=False, _convert_="all",
     )
+    task.data_config = to_container(cfg.data)
     if cfg.init_from:
         init_from(task, cfg.init_from)
 
@@ -69,6 +78,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
+@friendly_errors
 def main(cfg: DictConfig) -> float | None:
     metrics = train(cfg)
     return metrics.get(cfg.monitor.metric.removeprefix("val/")) if metrics else None

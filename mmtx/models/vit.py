@@ -45,7 +45,7 @@ class VisionEncoder(nn.Module):
     ) -> None:
         super().__init__()
         self.pos_kind = check_position_kind(pos_embed)
-        self.dim = dim
+        self.dim, self.image_size = dim, image_size
         self.patch_embed = PatchEmbed(patch_size, in_chans, dim)
         self.grid_size = self.patch_embed.grid(image_size, image_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))

@@ -4,21 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-import lightning as L
 import torch
 from hydra.utils import instantiate
 
-from mmtx.checkpoint import TASK_KEY
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from mmtx.generation import GenerationConfig, generate
 from mmtx.metrics.caption import caption_metrics
 from mmtx.models.captioner import ImageCaptioner
+from mmtx.tasks.base import Task
 from mmtx.tasks.gather import gather_unique
 from mmtx.tasks.optim import build_optimizer
 
 
-class CaptionTask(L.LightningModule):
+class CaptionTask(Task):
     """Trains an :class:`ImageCaptioner` and scores its generated captions with the COCO metrics.
 
     The model is built here from its config and the tokenizer is stored as JSON text, so a
@@ -80,9 +79,6 @@ class CaptionTask(L.LightningModule):
             warmup_ratio=h.warmup_ratio, total_steps=self.trainer.estimated_stepping_batches,
             min_lr_ratio=h.min_lr_ratio,
         )
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[TASK_KEY] = f"{type(self).__module__}.{type(self).__qualname__}"
 
     # --- captions ------------------------------------------------------------------------------
     def caption(self, images: torch.Tensor, config: GenerationConfig | None = None) -> list[str]:

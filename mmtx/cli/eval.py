@@ -1,0 +1,56 @@
+"""``mmtx-eval``: evaluate a checkpoint; print a table, write metrics and predictions as JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import hydra
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from mmtx.checkpoint import CheckpointError, load_task
+from mmtx.cli.common import CONFIG_DIR, friendly_errors, generation_override, make_trainer, to_container
+from mmtx.metrics.caption import format_metrics_table
+
+
+def evaluate(cfg: DictConfig) -> dict[str, float]:
+    """Score ``cfg.ckpt`` on ``cfg.split``; returns the metrics (also written to ``cfg.output``)."""
+    task = load_task(cfg.ckpt)
+    data_cfg = to_container(cfg.data) if cfg.get("data") else task.data_config
+    if data_cfg is None:
+        raise CheckpointError(f"{cfg.ckpt} records no data set: choose one, e.g. data=coco data.val.annotations=...")
+    trained = (task.data_config or {}).get("image_size")
+    data_cfg["image_size"] = cfg.image_size or trained or data_cfg.get("image_size")
+    task.generation = generation_override(task.generation, cfg.generation)
+
+    datamodule = instantiate(data_cfg)
+    datamodule.prepare_data()
+    datamodule.tokenizer = task.tokenizer
+    if not datamodule.has_split(cfg.split):
+        raise ValueError(f"split={cfg.split}: the data config has no files for it (set data.{cfg.split}.*)")
+    loader = getattr(datamodule, f"{cfg.split}_dataloader")()
+    trainer = make_trainer(cfg, loggers=[], callbacks=[])
+    trainer.validate(task, dataloaders=loader, verbose=False)
+
+    if trainer.is_global_zero:
+        metrics = dict(task.metrics)
+        predictions = [{"image_id": o["image_id"], "caption": o["caption"]} for o in task.val_outputs]
+        Path(cfg.output).write_text(json.dumps(metrics, indent=2))
+        Path(cfg.predictions).write_text(json.dumps(predictions))
+        print(f"{cfg.ckpt} on {cfg.split} ({len(predictions)} images)")
+        print(format_metrics_table(metrics))
+        print(f"metrics: {cfg.output}\npredictions: {cfg.predictions}")
+        return metrics
+    return {}
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="eval")
+@friendly_errors
+def main(cfg: DictConfig) -> None:
+    OmegaConf.resolve(cfg)
+    evaluate(cfg)
+
+
+if __name__ == "__main__":
+    main()

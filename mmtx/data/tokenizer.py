@@ -1,0 +1,372 @@
+"""Caption tokenizer: a thin wrapper over Hugging Face ``tokenizers``.
+
+The wrapper pins down what the rest of mmtx relies on: seven special tokens
+with fixed roles, ``[BOS] ... [EOS]`` framing added by us (never by a file's
+post-processor, so foreign files behave the same as ours), padded batches as
+tensors, and decoding that stops at the first ``[EOS]``. Special ids only ever
+come from that framing and padding: a literal ``"[SEP]"`` inside a caption is
+tokenised as ordinary text.
+
+Special-token roles of a loaded file are resolved by name, first match wins:
+
+======  ============================================================
+role    candidates
+======  ============================================================
+pad     ``[PAD]``, ``<pad>``
+bos     ``[BOS]``, ``<s>``, ``<bos>``, ``<|endoftext|>``, ``[CLS]``
+eos     ``[EOS]``, ``</s>``, ``<eos>``, ``<|endoftext|>``, ``[SEP]``
+unk     ``[UNK]``, ``<unk>``
+mask    ``[MASK]``, ``<mask>``
+cls     ``[CLS]``, ``<s>``, ``<cls>``
+sep     ``[SEP]``, ``</s>``, ``<sep>``
+======  ============================================================
+
+So a BERT vocabulary uses ``[CLS]``/``[SEP]`` as BOS/EOS (as Hugging Face's
+``VisionEncoderDecoder`` does), RoBERTa uses ``<s>``/``</s>`` and GPT-2 uses
+``<|endoftext|>`` for both. A role with no candidate in the vocabulary gets
+its canonical token (``[PAD]``, ``[MASK]``, ...) appended as a new special
+token, so every id property is always a valid id and ``vocab_size`` counts it.
+The candidate order keeps this stable: reloading a saved tokenizer resolves
+every role to the same id even though appended tokens (say ``[CLS]``) are
+then part of the file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Literal
+
+import tokenizers
+import torch
+from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+
+__all__ = ["SPECIAL_TOKENS", "Tokenizer", "TokenizerError"]
+
+PAD, BOS, EOS, UNK, MASK, CLS, SEP = SPECIAL_TOKENS = (
+    "[PAD]",
+    "[BOS]",
+    "[EOS]",
+    "[UNK]",
+    "[MASK]",
+    "[CLS]",
+    "[SEP]",
+)
+
+# Role -> token names that may fill it in a foreign vocabulary, in priority order.
+_ROLE_CANDIDATES: dict[str, tuple[str, ...]] = {
+    PAD: (PAD, "<pad>"),
+    BOS: (BOS, "<s>", "<bos>", "<|endoftext|>", CLS),
+    EOS: (EOS, "</s>", "<eos>", "<|endoftext|>", SEP),
+    UNK: (UNK, "<unk>"),
+    MASK: (MASK, "<mask>"),
+    CLS: (CLS, "<s>", "<cls>"),
+    SEP: (SEP, "</s>", "<sep>"),
+}
+
+# Byte-level BPE needs every byte in its alphabet, on top of the special tokens.
+_BYTE_ALPHABET_SIZE = 256
+
+IdsLike = Sequence[int] | torch.Tensor
+
+
+class TokenizerError(ValueError):
+    """A tokenizer file or string is missing, malformed or unusable."""
+
+
+class Tokenizer:
+    """A ``tokenizers.Tokenizer`` with fixed special-token roles and tensor batching.
+
+    Build one with :meth:`train`, :meth:`from_file` or :meth:`from_str`. The
+    constructor takes any backend (and adapts it in place: no truncation or
+    padding, role tokens registered as special) and resolves roles as the
+    module docstring describes. Instances pickle, for DataLoader workers.
+    """
+
+    def __init__(self, backend: tokenizers.Tokenizer) -> None:
+        # We add [BOS]/[EOS] and pad ourselves; a file's own settings would fight that.
+        backend.no_truncation()
+        backend.no_padding()
+        # Text is always text: a caption containing "[EOS]" must not end the sequence.
+        backend.encode_special_tokens = True
+        vocab = backend.get_vocab(with_added_tokens=True)
+        ids: dict[str, int] = {}
+        for role, candidates in _ROLE_CANDIDATES.items():
+            token = next((c for c in candidates if c in vocab), role)
+            # Registers the token as special (skipped on decode, never split);
+            # appends it to the vocabulary only when it is missing.
+            backend.add_special_tokens([token])
+            token_id = backend.token_to_id(token)
+            assert token_id is not None, token
+            ids[role] = token_id
+        self._backend = backend
+        self._ids = ids
+        self._vocab_size = backend.get_vocab_size(with_added_tokens=True)
+
+    # ------------------------------------------------------------------ building
+
+    @classmethod
+    def train(
+        cls,
+        texts: Iterable[str],
+        vocab_size: int = 8000,
+        kind: Literal["wordpiece", "bpe"] = "wordpiece",
+        min_frequency: int = 1,
+        lowercase: bool = True,
+    ) -> Tokenizer:
+        """Learn a vocabulary from ``texts``; special tokens get ids 0..6, in order.
+
+        ``wordpiece`` is BERT-style (BERT normaliser and pre-tokenizer, ``##``
+        continuation pieces); like BERT it decodes "isn't" as "isn ' t". ``bpe`` is GPT-2-style byte-level BPE: NFC
+        normalisation (plus lowercasing when asked) and no unknown tokens, so
+        ``decode(encode(x)) == normalize(x)`` exactly.
+        """
+        if kind == "wordpiece":
+            backend = tokenizers.Tokenizer(models.WordPiece(unk_token=UNK))
+            backend.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+            backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+            backend.decoder = decoders.WordPiece()
+            trainer: trainers.Trainer = trainers.WordPieceTrainer(
+                vocab_size=vocab_size,
+                min_frequency=min_frequency,
+                special_tokens=list(SPECIAL_TOKENS),
+                show_progress=False,
+            )
+        elif kind == "bpe":
+            minimum = len(SPECIAL_TOKENS) + _BYTE_ALPHABET_SIZE
+            if vocab_size < minimum:
+                raise ValueError(
+                    f"byte-level BPE needs vocab_size >= {minimum} "
+                    f"({len(SPECIAL_TOKENS)} special tokens + {_BYTE_ALPHABET_SIZE} bytes), "
+                    f"got {vocab_size}"
+                )
+            backend = tokenizers.Tokenizer(models.BPE())
+            backend.normalizer = (
+                normalizers.Sequence([normalizers.NFC(), normalizers.Lowercase()])
+                if lowercase
+                else normalizers.NFC()
+            )
+            backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+            backend.decoder = decoders.ByteLevel()
+            trainer = trainers.BpeTrainer(
+                vocab_size=vocab_size,
+                min_frequency=min_frequency,
+                special_tokens=list(SPECIAL_TOKENS),
+                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                show_progress=False,
+            )
+        else:
+            raise ValueError(f"kind must be 'wordpiece' or 'bpe', got {kind!r}")
+        backend.train_from_iterator(texts, trainer=trainer)
+        return cls(backend)
+
+    @classmethod
+    def from_file(cls, path: str | Path, *, lowercase: bool = True) -> Tokenizer:
+        """Load a ``tokenizer.json`` or a BERT ``vocab.txt`` (chosen by the ``.txt`` suffix).
+
+        A directory means its ``tokenizer.json``, or its ``vocab.txt`` when it
+        has no ``tokenizer.json``. ``lowercase`` applies only to ``vocab.txt``
+        (uncased vs cased BERT); a ``tokenizer.json`` carries its own normaliser.
+        """
+        path = Path(path)
+        if path.is_dir():
+            json_path, vocab_path = path / "tokenizer.json", path / "vocab.txt"
+            if json_path.is_file():
+                path = json_path
+            elif vocab_path.is_file():
+                path = vocab_path
+            else:
+                raise TokenizerError(f"{path}: directory has no tokenizer.json or vocab.txt")
+        if not path.is_file():
+            raise TokenizerError(f"{path}: tokenizer file not found")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise TokenizerError(f"{path}: cannot read tokenizer file ({err})") from err
+        if path.suffix == ".txt":
+            return cls._from_vocab_txt(text, path, lowercase=lowercase)
+        return cls._from_json(text, source=str(path))
+
+    @classmethod
+    def from_str(cls, text: str) -> Tokenizer:
+        """Rebuild a tokenizer from :meth:`to_str` output (or any ``tokenizer.json`` text)."""
+        return cls._from_json(text, source="<tokenizer JSON string>")
+
+    @classmethod
+    def _from_json(cls, text: str, source: str) -> Tokenizer:
+        try:
+            json.loads(text)  # A clearer message than the library's for non-JSON input.
+        except json.JSONDecodeError as err:
+            raise TokenizerError(f"{source}: not valid JSON ({err})") from err
+        try:
+            backend = tokenizers.Tokenizer.from_str(text)
+        except Exception as err:  # The library raises plain Exception.
+            raise TokenizerError(f"{source}: not a valid tokenizer.json ({err})") from err
+        return cls(backend)
+
+    @classmethod
+    def _from_vocab_txt(cls, text: str, path: Path, lowercase: bool) -> Tokenizer:
+        """Build BERT's WordPiece tokenizer from a one-token-per-line vocabulary."""
+        # Split on "\n" only, like BERT: vocabularies hold tokens such as "\x85".
+        lines = [line.removesuffix("\r") for line in text.removesuffix("\n").split("\n")]
+        vocab: dict[str, int] = {}
+        for line_no, token in enumerate(lines, 1):
+            if not token:
+                raise TokenizerError(f"{path}:{line_no}: empty token in vocab.txt")
+            if token in vocab:
+                raise TokenizerError(f"{path}:{line_no}: duplicate token {token!r} in vocab.txt")
+            vocab[token] = line_no - 1
+        if UNK not in vocab:
+            raise TokenizerError(f"{path}: vocab.txt has no {UNK} token")
+        backend = tokenizers.Tokenizer(models.WordPiece(vocab=vocab, unk_token=UNK))
+        backend.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+        backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        backend.decoder = decoders.WordPiece()
+        return cls(backend)
+
+    # ------------------------------------------------------------------ saving
+
+    def to_str(self) -> str:
+        """Serialise to ``tokenizer.json`` text, e.g. to store inside a checkpoint."""
+        return self._backend.to_str()
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``tokenizer.json``; a path not ending in ``.json`` is a directory to write it in.
+
+        Returns the file written.
+        """
+        path = Path(path)
+        if path.suffix != ".json":
+            path = path / "tokenizer.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_str(), encoding="utf-8")
+        return path
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def backend(self) -> tokenizers.Tokenizer:
+        """The wrapped ``tokenizers.Tokenizer``."""
+        return self._backend
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, special and added tokens included (the embedding size)."""
+        return self._vocab_size
+
+    @property
+    def pad_id(self) -> int:
+        return self._ids[PAD]
+
+    @property
+    def bos_id(self) -> int:
+        return self._ids[BOS]
+
+    @property
+    def eos_id(self) -> int:
+        return self._ids[EOS]
+
+    @property
+    def unk_id(self) -> int:
+        return self._ids[UNK]
+
+    @property
+    def mask_id(self) -> int:
+        return self._ids[MASK]
+
+    @property
+    def cls_id(self) -> int:
+        return self._ids[CLS]
+
+    @property
+    def sep_id(self) -> int:
+        return self._ids[SEP]
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Ids of the seven role tokens (fewer if a file maps two roles to one token)."""
+        return frozenset(self._ids.values())
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        # Rebuild through __init__: the backend's own pickle state is its JSON,
+        # which drops settings made here (encode_special_tokens).
+        return Tokenizer.from_str, (self.to_str(),)
+
+    def __repr__(self) -> str:
+        model = type(self._backend.model).__name__
+        return f"Tokenizer({model}, vocab_size={self.vocab_size})"
+
+    # ------------------------------------------------------------------ encoding
+
+    def normalize(self, text: str) -> str:
+        """``text`` after the normaliser (what an exact round trip gives back)."""
+        normalizer = self._backend.normalizer
+        return text if normalizer is None else normalizer.normalize_str(text)
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        """Token ids of ``text``, framed as ``[BOS] ... [EOS]`` when ``add_special``."""
+        ids = self._backend.encode(text, add_special_tokens=False).ids
+        return [self.bos_id, *ids, self.eos_id] if add_special else ids
+
+    def encode_batch(
+        self, texts: Sequence[str], max_length: int
+    ) -> tuple[torch.LongTensor, torch.BoolTensor]:
+        """Padded ``[BOS] ... [EOS]`` ids (B, T) and a mask that is True on real tokens.
+
+        T is the longest sequence in the batch, capped at ``max_length``; a
+        truncated sequence still ends in ``[EOS]``.
+        """
+        if max_length < 2:
+            raise ValueError(f"max_length must be >= 2 to hold [BOS] and [EOS], got {max_length}")
+        if isinstance(texts, str):
+            raise TypeError("encode_batch expects a sequence of strings, got a single str")
+        encodings = self._backend.encode_batch_fast(list(texts), add_special_tokens=False)
+        room = max_length - 2
+        bodies = [encoding.ids[:room] for encoding in encodings]
+        width = max((len(body) for body in bodies), default=-2) + 2
+        pad = [self.pad_id] * width
+        rows = [[self.bos_id, *body, self.eos_id, *pad[len(body) + 2 :]] for body in bodies]
+        ids = torch.tensor(rows, dtype=torch.long).reshape(len(rows), width)
+        lengths = torch.tensor([len(body) + 2 for body in bodies], dtype=torch.long)
+        mask = torch.arange(width) < lengths[:, None]
+        return ids, mask  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ decoding
+
+    def decode(self, ids: IdsLike, skip_special: bool = True) -> str:
+        """Text of ``ids`` (a list or a 1-D tensor), stopping at the first ``[EOS]``.
+
+        A leading ``[BOS]`` is not taken for that ``[EOS]``, so tokenizers
+        whose BOS and EOS are one token (GPT-2) decode correctly.
+        """
+        ids = self._until_eos(ids, skip_special)
+        return self._backend.decode(ids, skip_special_tokens=skip_special)
+
+    def decode_batch(
+        self, ids: Sequence[IdsLike] | torch.Tensor, skip_special: bool = True
+    ) -> list[str]:
+        """:meth:`decode` for each row of a (B, T) tensor or a list of id sequences."""
+        if isinstance(ids, torch.Tensor) and ids.dim() != 2:
+            raise ValueError(f"decode_batch expects a 2-D tensor, got shape {tuple(ids.shape)}")
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        rows = [self._until_eos(row, skip_special) for row in ids]
+        return self._backend.decode_batch(rows, skip_special_tokens=skip_special)
+
+    def _until_eos(self, ids: IdsLike, skip_special: bool) -> list[int]:
+        """``ids`` as a checked list, cut at the first EOS (kept only when not skipping)."""
+        if isinstance(ids, torch.Tensor):
+            if ids.dim() != 1:
+                raise ValueError(f"decode expects a 1-D tensor, got shape {tuple(ids.shape)}")
+            ids = ids.tolist()
+        ids = list(map(int, ids))
+        if ids and (min(ids) < 0 or max(ids) >= self._vocab_size):
+            bad = min(ids) if min(ids) < 0 else max(ids)
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self._vocab_size})")
+        start = 1 if ids[:1] == [self.bos_id] else 0
+        try:
+            end = ids.index(self.eos_id, start)
+        except ValueError:
+            return ids
+        return ids[: end if skip_special else end + 1]

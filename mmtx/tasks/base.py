@@ -1,0 +1,24 @@
+"""What every mmtx task writes into its checkpoints besides weights: enough to rebuild itself."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+
+from mmtx.checkpoint import DATA_KEY, TASK_KEY
+
+
+class Task(L.LightningModule):
+    """Base LightningModule: checkpoints name the task class and the data it was trained on.
+
+    ``data_config`` (the resolved ``data`` config of the run, plain dict) lets ``mmtx-eval`` and
+    ``mmtx-caption`` evaluate or preprocess exactly as in training without being told again.
+    """
+
+    data_config: dict | None = None
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[TASK_KEY] = f"{type(self).__module__}.{type(self).__qualname__}"
+        if self.data_config is not None:
+            checkpoint[DATA_KEY] = self.data_config

@@ -1,0 +1,301 @@
+"""Tests for mmtx.metrics.caption against pycocoevalcap itself.
+
+METEOR's java process loads a 60 MB paraphrase table (~8 s), so the tests
+that score through it share module-scoped results.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+from pycocoevalcap.bleu.bleu import Bleu
+from pycocoevalcap.cider.cider import Cider
+from pycocoevalcap.meteor.meteor import Meteor
+from pycocoevalcap.rouge.rouge import Rouge
+from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+from mmtx.metrics import caption
+from mmtx.metrics.caption import (
+    METRIC_NAMES,
+    caption_metrics,
+    constant_baseline,
+    format_metrics_table,
+)
+
+needs_java = pytest.mark.skipif(
+    shutil.which("java") is None,
+    reason="java not on PATH: pycocoevalcap's PTB tokenizer and METEOR are Java programs",
+)
+
+REFERENCES: dict[int, list[str]] = {
+    11: [
+        "A man riding a wave on top of a surfboard.",
+        "A surfer rides a large wave in the ocean.",
+        "A person on a surfboard riding a big wave.",
+        "Surfer in a black wetsuit catching a wave.",
+        "A man surfing on a blue ocean wave.",
+    ],
+    22: [
+        "A brown dog catching a frisbee in a grassy park.",
+        "A dog jumps to catch a red frisbee.",
+        "The dog is leaping in the air for a frisbee.",
+        "A dog playing with a flying disc on the grass.",
+        "Dog in mid-air grabbing a frisbee.",
+    ],
+    33: [
+        "A pizza with cheese and pepperoni on a wooden table.",
+        "A large pizza sitting on top of a table.",
+        "Pepperoni pizza on a cutting board.",
+        "A freshly baked pizza ready to be eaten.",
+        "A cheese pizza next to a glass of soda.",
+    ],
+    44: [
+        "A red double decker bus driving down a city street.",
+        "A bus stopped at a bus stop in London.",
+        "Double decker bus on a busy road.",
+        "A tour bus with people on the upper deck.",
+        "The red bus is parked by the sidewalk.",
+    ],
+    55: [
+        "A kitchen with white cabinets and a stainless steel fridge.",
+        "A clean kitchen with a stove and a microwave.",
+        "An empty kitchen with wooden floors.",
+        "Kitchen counter with a sink under a window.",
+        "A small kitchen with appliances and a table.",
+    ],
+}
+
+PREDICTIONS = {
+    11: "A man riding a surfboard on a wave.",
+    22: "A dog catching a frisbee in the park!",
+    33: "A pizza on a table.",
+    44: "A red bus driving down the street.",
+    55: "",  # a model that emits [EOS] at once
+}
+
+
+@pytest.fixture(scope="module")
+def model_metrics() -> dict[str, float]:
+    return caption_metrics(PREDICTIONS, REFERENCES)
+
+
+@pytest.fixture(scope="module")
+def perfect_run() -> tuple[dict[str, float], list[caption._Meteor]]:
+    """Metrics of predictions that copy a reference, and every METEOR scorer spawned for them."""
+    spawned: list[caption._Meteor] = []
+
+    class Recording(caption._Meteor):
+        def __init__(self) -> None:
+            super().__init__()
+            spawned.append(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(caption, "_Meteor", Recording)
+        metrics = caption_metrics({i: refs[0] for i, refs in REFERENCES.items()}, REFERENCES)
+    return metrics, spawned
+
+
+# ---------------------------------------------------------------------- caption_metrics
+
+
+@needs_java
+def test_perfect_predictions_score_near_one(perfect_run: tuple[dict[str, float], list]) -> None:
+    metrics, _ = perfect_run
+    assert list(metrics) == list(METRIC_NAMES)
+    for name in ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L"):
+        assert metrics[name] == pytest.approx(1.0, abs=1e-6), name
+    assert metrics["METEOR"] > 0.9
+    assert metrics["CIDEr"] > 2.0
+
+
+@needs_java
+def test_meteor_process_is_ended_after_scoring(perfect_run: tuple[dict[str, float], list]) -> None:
+    _, spawned = perfect_run
+    assert len(spawned) == 1
+    process = spawned[0].meteor_p
+    assert process.returncode is not None
+    assert process.stdin.closed and process.stdout.closed and process.stderr.closed
+
+
+def _official_meteor(gts: dict, res: dict) -> float:
+    meteor = Meteor()
+    try:
+        return meteor.compute_score(gts, res)[0]
+    finally:
+        with meteor.meteor_p:  # its __del__ would leave the pipes open
+            meteor.meteor_p.kill()
+
+
+@needs_java
+def test_metrics_equal_pycocoevalcap_run_by_hand(model_metrics: dict[str, float]) -> None:
+    # The COCOEvalCap.evaluate recipe: PTB-tokenise both sides, then each scorer.
+    tokenizer = PTBTokenizer()
+    gts = tokenizer.tokenize({i: [{"caption": c} for c in refs] for i, refs in REFERENCES.items()})
+    res = tokenizer.tokenize({i: [{"caption": c}] for i, c in PREDICTIONS.items()})
+    bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
+    expected = {
+        "BLEU-1": bleu[0],
+        "BLEU-2": bleu[1],
+        "BLEU-3": bleu[2],
+        "BLEU-4": bleu[3],
+        "METEOR": _official_meteor(gts, res),
+        "ROUGE-L": Rouge().compute_score(gts, res)[0],
+        "CIDEr": Cider().compute_score(gts, res)[0],
+    }
+    assert model_metrics == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    assert all(type(v) is float for v in model_metrics.values())
+    assert 0.0 < model_metrics["BLEU-4"] < model_metrics["BLEU-1"] < 1.0
+
+
+@needs_java
+def test_java_chatter_is_hidden_unless_verbose(capsys: pytest.CaptureFixture[str]) -> None:
+    caption._ptb_tokenize(["A dog 😀."])  # Java warns about the emoji and reports its speed
+    assert capsys.readouterr() == ("", "")
+    caption._ptb_tokenize(["A dog 😀."], verbose=True)
+    assert "PTBTokenizer tokenized" in capsys.readouterr().out
+
+
+@needs_java
+def test_ptb_tokenize_matches_pycocoevalcap_ptbtokenizer() -> None:
+    captions = [
+        'A dog, running. "Quoted" (paren) U.S. -- ok...',
+        "",
+        "don't stop; it's 3:30 p.m.!",
+        "Café ünïcode 日本語 {curly} [square] 1/2 $5",
+        "line\rbreaks\u2028and\ttabs",
+        "   ",
+        "last one",
+    ]
+    # The official class would misalign captions on a stray "\r", so it gets them cleaned.
+    cleaned = {k: [{"caption": " ".join(c.split())}] for k, c in enumerate(captions)}
+    official = PTBTokenizer().tokenize(cleaned)
+    assert caption._ptb_tokenize(captions) == [official[k][0] for k in range(len(captions))]
+    assert caption._ptb_tokenize(["A DOG, running."]) == ["a dog running"]
+
+
+def test_mismatched_ids_raise_naming_them() -> None:
+    with pytest.raises(ValueError, match=r"predictions without references: 2 id\(s\), first 7, 8"):
+        caption_metrics({**PREDICTIONS, 7: "x", 8: "y"}, REFERENCES)
+    with pytest.raises(ValueError, match=r"references without predictions: 1 id\(s\), first 55"):
+        caption_metrics({i: PREDICTIONS[i] for i in (11, 22, 33, 44)}, REFERENCES)
+
+
+@pytest.mark.parametrize(
+    ("predictions", "references", "message"),
+    [
+        ({}, {}, "predictions is empty"),
+        ({1: ["a dog"]}, {1: ["a dog"]}, r"predictions\[1\] must be a str"),
+        ({1: "a dog"}, {1: "a dog"}, r"references\[1\] must be a list of caption strings, got str"),
+        ({1: "a dog"}, {1: []}, r"references\[1\] has no captions"),
+        ({1: "a dog"}, {1: ["a dog", None]}, r"references\[1\] must contain only strings"),
+    ],
+)
+def test_malformed_inputs_raise_value_error(
+    predictions: dict, references: dict, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        caption_metrics(predictions, references)
+
+
+def test_missing_java_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(RuntimeError, match="Java is needed .* PTB tokenizer and METEOR"):
+        caption_metrics(PREDICTIONS, REFERENCES)
+    with pytest.raises(RuntimeError, match="Java is needed"):
+        constant_baseline(REFERENCES, REFERENCES)
+
+
+# ---------------------------------------------------------------------- METEOR process handling
+
+
+@needs_java
+def test_meteor_close_is_idempotent_and_del_never_takes_the_lock() -> None:
+    meteor = caption._Meteor()
+    meteor.lock.acquire()  # as left behind by a compute_score that raised half-way
+    finished = threading.Event()
+
+    def collect() -> None:
+        meteor.__del__()  # pycocoevalcap 1.2's own __del__ would block on the lock forever
+        finished.set()
+
+    threading.Thread(target=collect, daemon=True).start()
+    assert finished.wait(timeout=30)
+    assert meteor.meteor_p.returncode is not None and meteor.meteor_p.stdout.closed
+    assert meteor.close() == ""
+
+
+@needs_java
+def test_meteor_failure_raises_runtime_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Dead(caption._Meteor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.meteor_p.kill()
+            self.meteor_p.wait()
+
+    monkeypatch.setattr(caption, "_Meteor", Dead)
+    with pytest.raises(RuntimeError, match="METEOR"):
+        caption._meteor_score({1: ["a dog"]}, {1: ["a dog"]})
+
+
+# ---------------------------------------------------------------------- constant baseline
+
+
+def _train_references() -> dict[int, list[str]]:
+    """60 images; "a photo." is the most frequent caption, "a man riding a wave." fits best."""
+    subjects = ["a man riding a wave", "a dog catching a frisbee", "a red bus on a street"]
+    return {
+        i: [
+            f"{subjects[i % 3]} on a sunny day.",
+            f"{subjects[i % 3]}.",
+            "A man riding a wave." if i % 3 == 0 else f"{subjects[(i + 1) % 3]} nearby.",
+            "a photo." if i % 4 == 0 else f"picture number {i}.",
+            "A photo." if i % 2 == 0 else f"image {i} of {subjects[i % 3]}.",
+        ]
+        for i in range(60)
+    }
+
+
+def test_constant_cider_equals_pycocoevalcap_cider() -> None:
+    references = [refs for refs in _train_references().values()]
+    tokenised = [[" ".join(r.lower().rstrip(".").split()) for r in refs] for refs in references]
+    candidates = ["a man riding a wave", "a photo", "zebra", "a dog catching a frisbee today"]
+    gts = dict(enumerate(tokenised))
+    expected = [Cider().compute_score(gts, {k: [c] for k in gts})[0] for c in candidates]
+    assert caption._constant_cider(candidates, tokenised) == pytest.approx(expected, rel=1e-12)
+
+
+@needs_java
+def test_constant_caption_is_the_frequent_caption_with_best_cider() -> None:
+    train = _train_references()
+    assert caption._best_constant_caption(train, candidates=1) == "a photo."
+    assert caption._best_constant_caption(train, candidates=50) == "a man riding a wave."
+    with pytest.raises(ValueError, match="candidates must be >= 1"):
+        caption._best_constant_caption(train, candidates=0)
+
+
+@needs_java
+def test_constant_baseline_is_far_below_perfect(perfect_run: tuple[dict[str, float], list]) -> None:
+    train = _train_references()
+    text, metrics = constant_baseline(train, REFERENCES)
+    assert text in {" ".join(c.lower().split()) for refs in train.values() for c in refs}
+    assert list(metrics) == list(METRIC_NAMES)
+    perfect, _ = perfect_run
+    assert metrics["CIDEr"] < 0.25 * perfect["CIDEr"]
+    assert metrics["BLEU-4"] < 0.5 * perfect["BLEU-4"]
+
+
+# ---------------------------------------------------------------------- table
+
+
+def test_format_metrics_table_aligns_model_and_baseline_columns() -> None:
+    table = format_metrics_table({"BLEU-4": 0.31234, "CIDEr": 1.05}, {"BLEU-4": 0.1})
+    lines = table.splitlines()
+    assert lines[0] == "metric  model   constant baseline"
+    assert lines[2] == "BLEU-4  0.3123  0.1000"
+    assert lines[3] == "CIDEr   1.0500  -"
+    assert set(lines[1]) == {"-", " "}
+    alone = format_metrics_table({"CIDEr": 1.0}).splitlines()
+    assert alone == ["metric  model", "------  ------", "CIDEr   1.0000"]
