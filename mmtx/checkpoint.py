@@ -61,16 +61,23 @@ def task_from_checkpoint(ckpt: dict[str, Any], path: str | Path) -> L.LightningM
     return task
 
 
-def init_from(module: nn.Module, path: str | Path) -> tuple[list[str], list[str]]:
+def init_from(
+    module: nn.Module, path: str | Path, renames: dict[str, str] | None = None
+) -> tuple[list[str], list[str]]:
     """Copy into ``module`` every weight of checkpoint ``path`` whose name and shape match.
 
-    Returns (loaded, skipped) parameter names, so the caller can say what was transferred.
+    ``renames`` maps name prefixes of the checkpoint to this module's (e.g. a pretraining
+    checkpoint's ``model.backbone.vision.`` to a captioner's ``model.encoder.``); names that no
+    prefix matches are compared as they are. Returns (loaded, left as initialised) names.
     """
     state = read_checkpoint(path)
     state = state.get("state_dict", state)
+    for old, new in (renames or {}).items():
+        state = {new + k[len(old):] if k.startswith(old) else k: v for k, v in state.items()}
     own = module.state_dict()
     loaded = [k for k, v in state.items() if k in own and own[k].shape == v.shape]
-    skipped = [k for k in own if k not in set(loaded)]
+    kept = set(loaded)
+    skipped = [k for k in own if k not in kept]
     if not loaded:
         raise CheckpointError(f"init_from={path}: no parameter name and shape matches this model")
     module.load_state_dict({k: state[k] for k in loaded}, strict=False)

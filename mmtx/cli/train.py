@@ -22,7 +22,7 @@ from mmtx.cli.common import (
     to_container,
 )
 from mmtx.data.tokenizer import Tokenizer
-from mmtx.metrics.caption import constant_baseline, format_metrics_table
+from mmtx.metrics.table import format_metrics_table
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -48,23 +48,27 @@ def train(cfg: DictConfig) -> dict[str, float]:
     )
     task.data_config = to_container(cfg.data)
     if cfg.init_from:
-        init_from(task, cfg.init_from)
+        init_from(task, cfg.init_from, task.init_renames)
 
     loggers = instantiate_dict(cfg.get("logger"))
     for logger in loggers:
         logger.log_hyperparams(to_container(cfg))
-    trainer = make_trainer(cfg, loggers, instantiate_dict(cfg.get("callbacks")))
+    validated_at: list[int] = []  # global steps of the validations in fit (not the sanity check)
+    track = L.pytorch.callbacks.LambdaCallback(
+        on_validation_end=lambda tr, _: tr.sanity_checking or validated_at.append(tr.global_step)
+    )
+    trainer = make_trainer(cfg, loggers, [*instantiate_dict(cfg.get("callbacks")), track])
     trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
-    if not task.metrics:  # stopped between validations (max_steps, max_time): score the final weights
+    if not task.metrics or validated_at[-1:] != [trainer.global_step]:
+        # stopped between validations (max_steps, max_time): score the final weights
         trainer.validate(task, datamodule=datamodule, verbose=False)
 
     metrics = dict(task.metrics)
     if trainer.is_global_zero:
-        caption, baseline = constant_baseline(datamodule.references("train"), datamodule.references("val"))
-        print(f"\nvalidation ({len(datamodule.references('val'))} images) after {trainer.global_step} steps; "
-              f"constant baseline caption: {caption!r}")
-        print(format_metrics_table(metrics, baseline))
-        summary = {"metrics": metrics, "baseline": {"caption": caption, **baseline},
+        name, baseline = task.baseline(datamodule)
+        print(f"\nvalidation after {trainer.global_step} steps; baseline: {name}")
+        print(format_metrics_table(metrics, baseline, baseline_name="baseline"))
+        summary = {"metrics": metrics, "baseline": {"name": name, **baseline},
                    "steps": trainer.global_step, "checkpoints": str(out / "checkpoints")}
         (out / "metrics.json").write_text(json.dumps(summary, indent=2))
         for logger in loggers:

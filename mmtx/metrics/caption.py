@@ -24,6 +24,7 @@ from pycocoevalcap.cider.cider_scorer import precook
 from pycocoevalcap.meteor.meteor import Meteor
 from pycocoevalcap.rouge.rouge import Rouge
 from pycocoevalcap.tokenizer import ptbtokenizer
+from mmtx.metrics.table import format_metrics_table  # noqa: F401  (re-exported)
 
 __all__ = ["METRIC_NAMES", "caption_metrics", "constant_baseline", "format_metrics_table"]
 
@@ -123,23 +124,6 @@ def _best_constant_caption(
     if verbose:
         print(f"constant caption {pool[best]!r}: CIDEr {scores[best]:.3f} on {size} train images")
     return pool[best]
-
-
-def format_metrics_table(
-    metrics: Mapping[str, float], baseline: Mapping[str, float] | None = None
-) -> str:
-    """An aligned plain-text table: metric, model score and (optionally) constant-baseline score."""
-    header = ["metric", "model"] + (["constant baseline"] if baseline is not None else [])
-    rows = [header]
-    for name, value in metrics.items():
-        row = [name, f"{value:.4f}"]
-        if baseline is not None:
-            row.append(f"{baseline[name]:.4f}" if name in baseline else "-")
-        rows.append(row)
-    widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
-    rows.insert(1, ["-" * w for w in widths])
-    lines = ("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------- input checks

@@ -7,7 +7,6 @@ from torch import Tensor, nn
 
 from mmtx.models.decoder import CaptionDecoder
 from mmtx.models.vit import VisionEncoder
-from mmtx.nn.init import init_weights
 
 
 class ImageCaptioner(nn.Module):
@@ -20,7 +19,6 @@ class ImageCaptioner(nn.Module):
         super().__init__()
         self.encoder = encoder
         self.decoder = decoder
-        self.apply(init_weights)
 
     def encode(self, images: Tensor) -> Tensor:
         """(B, 3, H, W) -> image tokens (B, 1 + N, encoder.dim)."""

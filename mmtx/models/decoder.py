@@ -7,6 +7,7 @@ from torch import Tensor, nn
 from mmtx.models.text import TextTransformer
 from mmtx.nn.blocks import BlockCache
 from mmtx.nn.embeddings import PositionKind
+from mmtx.nn.init import init_weights
 
 
 class CaptionDecoder(nn.Module):
@@ -42,6 +43,7 @@ class CaptionDecoder(nn.Module):
             norm_eps=norm_eps, pad_id=pad_id,
         )
         self.lm_head = nn.Linear(dim, vocab_size, bias=False)
+        init_weights(self.lm_head)
         if tie_embeddings:
             self.lm_head.weight = self.body.token_embed.weight
 

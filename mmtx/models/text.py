@@ -8,6 +8,7 @@ from torch import Tensor, nn
 from mmtx.nn.attention import KVCache
 from mmtx.nn.blocks import BlockCache, TransformerBlock
 from mmtx.nn.embeddings import PositionKind, check_position_kind, sinusoidal_1d
+from mmtx.nn.init import init_weights
 from mmtx.nn.rotary import Rotary
 
 
@@ -43,7 +44,7 @@ class TextTransformer(nn.Module):
     ) -> None:
         super().__init__()
         self.pos_kind = check_position_kind(pos_embed)
-        self.dim, self.max_length, self.causal = dim, max_length, causal
+        self.dim, self.num_heads, self.max_length, self.causal = dim, num_heads, max_length, causal
         self.token_embed = nn.Embedding(vocab_size, dim, padding_idx=pad_id)
         self.pos_embed = nn.Embedding(max_length, dim) if pos_embed == "learned" else None
         self.rotary = Rotary(dim // num_heads) if pos_embed == "rope" else None
@@ -56,10 +57,27 @@ class TextTransformer(nn.Module):
             for _ in range(depth)
         )
         self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.apply(init_weights)
 
     def new_cache(self, max_length: int | None = None) -> list[BlockCache]:
         """Empty per-block decoding state for up to ``max_length`` tokens."""
         return [BlockCache(KVCache(max_length or self.max_length)) for _ in self.blocks]
+
+    def embed(self, input_ids: Tensor, start: int = 0) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+        """Token embeddings plus positions ``start..start+T`` (B, T, dim), and rotary tables if any."""
+        T = input_ids.shape[1]
+        if start + T > self.max_length:
+            raise ValueError(f"sequence of {start + T} tokens exceeds max_length={self.max_length}")
+        positions = torch.arange(start, start + T, device=input_ids.device)
+        x = self.token_embed(input_ids)
+        rope = None
+        if self.pos_kind == "learned":
+            x = x + self.pos_embed(positions)
+        elif self.pos_kind == "sinusoidal":
+            x = x + sinusoidal_1d(positions, self.dim).to(x.dtype)
+        else:
+            rope = self.rotary(positions)
+        return self.drop(x), rope
 
     def forward(
         self,
@@ -75,20 +93,8 @@ class TextTransformer(nn.Module):
         ``mask`` (B, T) is True on real tokens; with a ``cache``, ``input_ids`` are only the new
         tokens and their positions continue from the cached length.
         """
-        T = input_ids.shape[1]
         start = cache[0].self_kv.length if cache else 0
-        if start + T > self.max_length:
-            raise ValueError(f"sequence of {start + T} tokens exceeds max_length={self.max_length}")
-        positions = torch.arange(start, start + T, device=input_ids.device)
-        x = self.token_embed(input_ids)
-        rope = None
-        if self.pos_kind == "learned":
-            x = x + self.pos_embed(positions)
-        elif self.pos_kind == "sinusoidal":
-            x = x + sinusoidal_1d(positions, self.dim).to(x.dtype)
-        else:
-            rope = self.rotary(positions)
-        x = self.drop(x)
+        x, rope = self.embed(input_ids, start)
         if self.causal:
             # Right padding: causality already keeps real tokens from seeing the pads after them,
             # so the padding mask is redundant and dropping it keeps the fused causal kernel.

@@ -14,6 +14,7 @@ from mmtx.nn.embeddings import (
     resample_positions,
     sinusoidal_2d,
 )
+from mmtx.nn.init import init_weights
 from mmtx.nn.rotary import Rotary
 
 
@@ -45,7 +46,7 @@ class VisionEncoder(nn.Module):
     ) -> None:
         super().__init__()
         self.pos_kind = check_position_kind(pos_embed)
-        self.dim, self.image_size = dim, image_size
+        self.dim, self.num_heads, self.image_size = dim, num_heads, image_size
         self.patch_embed = PatchEmbed(patch_size, in_chans, dim)
         self.grid_size = self.patch_embed.grid(image_size, image_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
@@ -64,6 +65,7 @@ class VisionEncoder(nn.Module):
             for _ in range(depth)
         )
         self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.apply(init_weights)
         nn.init.normal_(self.cls_token, std=0.02)
 
     def positions(self, grid: tuple[int, int]) -> Tensor:
@@ -74,10 +76,18 @@ class VisionEncoder(nn.Module):
         table = sinusoidal_2d(*grid, self.dim, device=self.cls_token.device)
         return torch.cat([table.new_zeros(1, self.dim), table])[None].to(self.cls_token.dtype)
 
-    def forward(self, images: Tensor) -> Tensor:
-        """``images`` (B, 3, H, W) -> tokens (B, 1 + N, dim), CLS first, after the final norm."""
+    def embed(
+        self, images: Tensor, masked: Tensor | None = None, mask_token: Tensor | None = None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+        """Patch tokens with CLS and positions (B, 1 + N, dim), and the rotary tables if any.
+
+        ``masked`` (B, N) marks patches whose embedding is replaced by ``mask_token`` (dim,)
+        before positions are added (masked patch modelling).
+        """
         grid = self.patch_embed.grid(images.shape[-2], images.shape[-1])
         x = self.patch_embed(images)
+        if masked is not None:
+            x = torch.where(masked[..., None], mask_token.to(x.dtype), x)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         rope = None
         if self.rotary is not None:
@@ -86,7 +96,11 @@ class VisionEncoder(nn.Module):
             rope = self.rotary(pos)
         else:
             x = x + self.positions(grid)
-        x = self.pos_drop(x)
+        return self.pos_drop(x), rope
+
+    def forward(self, images: Tensor) -> Tensor:
+        """``images`` (B, 3, H, W) -> tokens (B, 1 + N, dim), CLS first, after the final norm."""
+        x, rope = self.embed(images)
         for block in self.blocks:
             x = block(x, rope=rope)
         return self.norm(x)

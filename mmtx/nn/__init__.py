@@ -1,11 +1,11 @@
 """Shared building blocks: one attention, one block, the embeddings and positions."""
 
 from mmtx.nn.attention import Attention, KVCache
-from mmtx.nn.blocks import BlockCache, Mlp, TransformerBlock
+from mmtx.nn.blocks import BlockCache, CoAttentionLayer, Mlp, TransformerBlock
 from mmtx.nn.embeddings import PatchEmbed, resample_positions, sinusoidal_1d, sinusoidal_2d
 from mmtx.nn.rotary import Rotary, apply_rotary
 
 __all__ = [
-    "Attention", "BlockCache", "KVCache", "Mlp", "PatchEmbed", "Rotary", "TransformerBlock",
+    "Attention", "BlockCache", "CoAttentionLayer", "KVCache", "Mlp", "PatchEmbed", "Rotary", "TransformerBlock",
     "apply_rotary", "resample_positions", "sinusoidal_1d", "sinusoidal_2d",
 ]

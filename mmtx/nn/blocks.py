@@ -95,3 +95,42 @@ class TransformerBlock(nn.Module):
                 cache=cache.cross_kv if cache is not None else None,
             )
         return x + self.mlp(self.norm2(x))
+
+
+class CoAttentionLayer(nn.Module):
+    """ViLBERT's co-attentional layer (Lu et al. 2019, fig. 2b) followed by each stream's own block.
+
+    Each stream's queries attend to the *other* stream's keys/values (both reading the other's
+    input, so the exchange is simultaneous), the result is added to its own residual and passed
+    through its own MLP; then each stream runs a regular self-attention block. The two streams
+    may have different widths and head counts.
+    """
+
+    def __init__(
+        self,
+        vision_dim: int,
+        text_dim: int,
+        vision_heads: int,
+        text_heads: int,
+        mlp_ratio: float = 4.0,
+        **block_kwargs,
+    ) -> None:
+        super().__init__()
+        kw = dict(mlp_ratio=mlp_ratio, **block_kwargs)
+        self.vision_cross = TransformerBlock(vision_dim, vision_heads, context_dim=text_dim, self_attention=False, **kw)
+        self.text_cross = TransformerBlock(text_dim, text_heads, context_dim=vision_dim, self_attention=False, **kw)
+        self.vision_self = TransformerBlock(vision_dim, vision_heads, **kw)
+        self.text_self = TransformerBlock(text_dim, text_heads, **kw)
+
+    def forward(
+        self,
+        vision: Tensor,
+        text: Tensor,
+        text_mask: Tensor | None = None,
+        vision_rope: tuple[Tensor, Tensor] | None = None,
+        text_rope: tuple[Tensor, Tensor] | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """``vision`` (B, N, Dv), ``text`` (B, T, Dt), ``text_mask`` (B, T) True on real tokens."""
+        v = self.vision_cross(vision, text, context_mask=text_mask)
+        t = self.text_cross(text, vision)
+        return self.vision_self(v, rope=vision_rope), self.text_self(t, mask=text_mask, rope=text_rope)

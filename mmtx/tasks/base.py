@@ -17,6 +17,13 @@ class Task(L.LightningModule):
     """
 
     data_config: dict | None = None
+    # checkpoint name prefix -> this task's, for init_from (e.g. a pretrained vision stream)
+    init_renames: dict[str, str] = {}
+    metrics: dict[str, float]  # the last validation's metrics (every task keeps them)
+
+    def baseline(self, datamodule: L.LightningDataModule) -> tuple[str, dict[str, float]]:
+        """What the metrics would be without learning: a name and the same metric keys."""
+        raise NotImplementedError
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[TASK_KEY] = f"{type(self).__module__}.{type(self).__qualname__}"

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import lightning as L
 import torch
 from hydra.utils import instantiate
 
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from mmtx.generation import GenerationConfig, generate
-from mmtx.metrics.caption import caption_metrics
+from mmtx.metrics.caption import caption_metrics, constant_baseline
 from mmtx.models.captioner import ImageCaptioner
 from mmtx.tasks.base import Task
 from mmtx.tasks.gather import gather_unique
@@ -36,6 +37,9 @@ class CaptionTask(Task):
         num_samples: validation images kept (with their captions) for loggers to show.
     """
 
+    # a two-stream pretraining checkpoint's vision stream becomes the captioner's image encoder
+    init_renames = {"model.backbone.vision.": "model.encoder."}
+
     def __init__(
         self,
         model: dict,
@@ -50,7 +54,7 @@ class CaptionTask(Task):
         num_samples: int = 16,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters(logger=False)  # loggers get the whole run config from mmtx-train
         self.tokenizer = Tokenizer.from_str(tokenizer)
         self.model: ImageCaptioner = instantiate(
             model, decoder={"vocab_size": self.tokenizer.vocab_size, "pad_id": self.tokenizer.pad_id}
@@ -120,6 +124,13 @@ class CaptionTask(Task):
         self.metrics = self.trainer.strategy.broadcast(metrics)
         self.log_dict({f"val/{k}": v for k, v in self.metrics.items()}, sync_dist=False, rank_zero_only=False)
         self.val_outputs = outputs  # all ranks' predictions, each image once
+
+
+    def baseline(self, datamodule: L.LightningDataModule) -> tuple[str, dict[str, float]]:
+        """The constant-caption baseline on the images the last validation scored."""
+        evaluated = {o["image_id"]: o["references"] for o in self.val_outputs if o["references"]}
+        caption, metrics = constant_baseline(datamodule.references("train"), evaluated)
+        return f"the same caption for every image: {caption!r}", metrics
 
 
 def _to_uint8(image: torch.Tensor) -> torch.Tensor:

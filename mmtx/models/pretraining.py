@@ -1,0 +1,224 @@
+"""Pretraining heads and objectives for the two-stream model.
+
+ViLBERT's objectives on image-text pairs — masked language modelling, masked patch modelling
+(regressing the masked patch, see :mod:`mmtx.models.patch_targets`), image-text alignment on
+``h_IMG * h_CLS`` — plus an optional CLIP-style contrastive loss on the streams' own CLS outputs
+(before co-attention), whose similarities also pick hard negatives for alignment (as in ALBEF).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mmtx.models.masking import IGNORE, mask_patches, mask_tokens
+from mmtx.models.patch_targets import NormalizedPixels
+from mmtx.models.two_stream import TwoStreamModel, Unimodal
+from mmtx.nn.init import init_weights
+
+
+@dataclass
+class Objectives:
+    """Loss weights (0 switches an objective off) and masking settings."""
+
+    mlm: float = 1.0
+    mpm: float = 1.0
+    itm: float = 1.0
+    itc: float = 0.0
+    mask_prob: float = 0.15  # text tokens picked for MLM (BERT: 80% [MASK], 10% random, 10% kept)
+    patch_mask_prob: float = 0.15  # patches picked for MPM
+    patch_replace_prob: float = 0.9  # of those, replaced by the mask embedding (ViLBERT: 90%)
+    negative_prob: float = 0.5  # pairs whose caption is swapped for another image's
+    hard_negatives: bool = True  # with itc > 0: draw negatives by contrastive similarity
+
+    def __post_init__(self) -> None:
+        bad = [k for k in ("mlm", "mpm", "itm", "itc") if getattr(self, k) < 0]
+        bad += [k for k in ("mask_prob", "patch_mask_prob", "patch_replace_prob", "negative_prob")
+                if not 0 <= getattr(self, k) <= 1]
+        if bad:
+            raise ValueError(f"objectives: {', '.join(f'{k}={getattr(self, k)}' for k in bad)} out of range")
+        if not any(getattr(self, k) > 0 for k in ("mlm", "mpm", "itm", "itc")):
+            raise ValueError("objectives: every loss weight is 0 (mlm, mpm, itm, itc); enable at least one")
+
+
+class MlmHead(nn.Module):
+    """BERT's prediction head: dense + GELU + LayerNorm, then a decoder tied to the embeddings."""
+
+    def __init__(self, dim: int, embedding: nn.Embedding) -> None:
+        super().__init__()
+        self.transform = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.LayerNorm(dim))
+        self.embedding = embedding
+        self.bias = nn.Parameter(torch.zeros(embedding.num_embeddings))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(self.transform(x), self.embedding.weight, self.bias)
+
+
+class TwoStreamPretrainer(nn.Module):
+    """A :class:`TwoStreamModel` with the heads of every pretraining objective.
+
+    Args:
+        backbone: the two-stream model.
+        patch_target: maps images (B, 3, H, W) to per-patch targets (B, N, dim) and has ``dim``;
+            default :class:`NormalizedPixels`.
+        itc_dim: width of the contrastive embedding space.
+        mask_id, special_ids: the tokenizer's [MASK] id and the ids never masked or sampled
+            (filled in by the task from its tokenizer).
+    """
+
+    def __init__(
+        self, backbone: TwoStreamModel, patch_target: Callable[[Tensor], Tensor] | None = None,
+        itc_dim: int = 128, mask_id: int | None = None, special_ids: list[int] | None = None,
+    ) -> None:
+        super().__init__()
+        v, t = backbone.vision, backbone.text
+        self.backbone = backbone
+        self.patch_target = patch_target or NormalizedPixels(v.patch_embed.patch_size)
+        self.mask_id, self.special_ids = mask_id, list(special_ids or [])
+        self.mlm_head = MlmHead(t.dim, t.token_embed)
+        self.mpm_head = nn.Linear(v.dim, self.patch_target.dim)
+        self.itm_head = nn.Linear(backbone.joint_dim, 2)
+        self.itc_vision = nn.Linear(v.dim, itc_dim)
+        self.itc_text = nn.Linear(t.dim, itc_dim)
+        self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
+        for head in (self.mlm_head.transform, self.mpm_head, self.itm_head, self.itc_vision, self.itc_text):
+            head.apply(init_weights)
+
+    # --- scores used for training and evaluation -------------------------------------------------
+    def itc_similarity(self, u: Unimodal) -> Tensor:
+        """Scaled cosine similarity (B_images, B_texts) of the streams' own CLS outputs."""
+        v = F.normalize(self.itc_vision(self.backbone.vision.norm(u.vision[:, 0])), dim=-1)
+        t = F.normalize(self.itc_text(self.backbone.text.norm(u.text[:, 0])), dim=-1)
+        return self.logit_scale.exp().clamp(max=100) * v @ t.T
+
+    def itm_logits(self, u: Unimodal) -> Tensor:
+        """Alignment logits (B, 2) [not aligned, aligned] from the fused pooled output."""
+        return self.itm_head(self.backbone.fuse(u).pooled)
+
+    @torch.no_grad()
+    def retrieval_scores(self, u: Unimodal, rerank: int | None = 16, chunk: int = 256) -> tuple[Tensor, Tensor]:
+        """Image-text scores (N_images, M_texts) for ranking texts per image and images per text.
+
+        ``u`` holds N images and M texts (not paired). With ``rerank``, candidates are ranked by
+        contrastive similarity and each query's top ``rerank`` are re-scored by the alignment
+        head (ALBEF); with ``None`` the alignment head scores every pair (N * M fusions).
+        """
+        N, M = u.vision.shape[0], u.text.shape[0]
+        device = u.vision.device
+
+        def itm(img: Tensor, txt: Tensor) -> Tensor:  # alignment margin for pairs (img[i], txt[i])
+            out = []
+            for s in range(0, len(img), chunk):
+                a, b = img[s : s + chunk], txt[s : s + chunk]
+                logits = self.itm_logits(Unimodal(u.vision[a], u.text[b], u.text_mask[b], u.vision_rope, u.text_rope))
+                out.append((logits[:, 1] - logits[:, 0]).float())
+            return torch.cat(out)
+
+        if rerank is None:
+            img, txt = torch.arange(N, device=device).repeat_interleave(M), torch.arange(M, device=device).repeat(N)
+            scores = itm(img, txt).view(N, M)
+            return scores, scores
+        sim = self.itc_similarity(u).float()
+        k_txt, k_img = min(rerank, M), min(rerank, N)
+        txt = sim.topk(k_txt, dim=1).indices  # (N, k): texts to re-score per image
+        img = sim.topk(k_img, dim=0).indices  # (k, M): images to re-score per text
+        rows = torch.arange(N, device=device)[:, None].expand(-1, k_txt)
+        cols = torch.arange(M, device=device)[None, :].expand(k_img, -1)
+        i2t_top = itm(rows.flatten(), txt.flatten()).view(N, k_txt)
+        t2i_top = itm(img.flatten(), cols.flatten()).view(k_img, M)
+        # candidates not re-scored keep their similarity order, below every re-scored one
+        floor = min(i2t_top.min(), t2i_top.min()) - 1 - (sim.max() - sim)
+        i2t, t2i = floor.clone(), floor.clone()
+        i2t[rows, txt] = i2t_top
+        t2i[img, cols] = t2i_top
+        return i2t, t2i
+
+    # --- the pretraining losses ----------------------------------------------------------------
+    def forward(
+        self, images: Tensor, input_ids: Tensor, text_mask: Tensor, image_ids: Tensor,
+        objectives: Objectives, generator: torch.Generator | None = None,
+    ) -> dict[str, Tensor]:
+        """Losses and accuracies on a batch of pairs; ``loss`` is their weighted sum.
+
+        Pairs of the same ``image_ids`` count as aligned (a batch may hold two captions of one image).
+        """
+        obj, device = objectives, images.device
+        B = images.shape[0]
+        special = torch.tensor(self.special_ids, device=device)
+        labels = None
+        if obj.mlm > 0:
+            if self.mask_id is None:
+                raise ValueError("TwoStreamPretrainer.mask_id is not set (the tokenizer's [MASK] id)")
+            maskable = text_mask & ~torch.isin(input_ids, special)
+            input_ids, labels = mask_tokens(
+                input_ids, maskable, self.mask_id, self.backbone.text.token_embed.num_embeddings,
+                obj.mask_prob, generator, self.special_ids,
+            )
+        picked = replaced = None
+        if obj.mpm > 0:
+            n = self.backbone.vision.patch_embed.grid(*images.shape[-2:])
+            picked, replaced = mask_patches(B, n[0] * n[1], obj.patch_mask_prob, obj.patch_replace_prob, generator, device)
+        u = self.backbone.unimodal(images, input_ids, text_mask, replaced)
+
+        out: dict[str, Tensor] = {}
+        same_image = image_ids[:, None] == image_ids[None, :]  # (B, B) aligned pairs
+        sim = None
+        if obj.itc > 0:
+            sim = self.itc_similarity(u)
+            out["itc_loss"] = contrastive_loss(sim, same_image)
+        text_index = torch.arange(B, device=device)
+        if obj.itm > 0:
+            text_index = pick_negatives(same_image, obj.negative_prob, sim if obj.hard_negatives else None, generator)
+        joint = self.backbone.fuse(u.select_text(text_index))
+        aligned = image_ids[text_index] == image_ids  # (B,)
+
+        if obj.itm > 0:
+            logits = self.itm_head(joint.pooled)
+            out["itm_loss"] = F.cross_entropy(logits.float(), aligned.long())
+            out["itm_acc"] = (logits.argmax(-1) == aligned.long()).float().mean()
+        if labels is not None:  # MLM on aligned pairs only, as ViLBERT
+            lab = labels[text_index].masked_fill(~aligned[:, None], IGNORE)
+            rows = lab != IGNORE
+            logits = self.mlm_head(joint.text[rows])
+            out["mlm_loss"] = F.cross_entropy(logits.float(), lab[rows]) if rows.any() else logits.sum() * 0
+            out["mlm_acc"] = (logits.argmax(-1) == lab[rows]).float().mean() if rows.any() else logits.new_zeros(())
+        if picked is not None:
+            sel = picked & aligned[:, None]
+            pred = self.mpm_head(joint.vision[:, 1:][sel])
+            target = self.patch_target(images)[sel]
+            out["mpm_loss"] = F.mse_loss(pred.float(), target) if sel.any() else pred.sum() * 0
+        out["loss"] = sum(getattr(obj, k.removesuffix("_loss")) * v for k, v in out.items() if k.endswith("_loss"))
+        return out
+
+
+def contrastive_loss(sim: Tensor, positives: Tensor) -> Tensor:
+    """Symmetric InfoNCE (CLIP) with possibly several positives per row: cross-entropy against
+    the uniform distribution over each row's (and column's) positives."""
+    sim = sim.float()
+    targets = positives.float()
+    i2t = -(targets / targets.sum(1, keepdim=True) * sim.log_softmax(1)).sum(1).mean()
+    t2i = -(targets.T / targets.T.sum(1, keepdim=True) * sim.T.log_softmax(1)).sum(1).mean()
+    return (i2t + t2i) / 2
+
+
+def pick_negatives(
+    same_image: Tensor, negative_prob: float, similarity: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """For each image row, the text row it is paired with: itself, or (with ``negative_prob``)
+    a text of another image — drawn in proportion to softmax(similarity) when given (hard
+    negatives), else uniformly. Rows with no other image keep their own text."""
+    B = same_image.shape[0]
+    device = same_image.device
+    weights = torch.ones(B, B, device=device) if similarity is None else similarity.detach().float().softmax(1)
+    weights = weights.masked_fill(same_image, 0)
+    has_other = weights.sum(1) > 0
+    weights = torch.where(has_other[:, None], weights, torch.ones_like(weights))
+    other = torch.multinomial(weights, 1, generator=generator).squeeze(1)
+    swap = (torch.rand(B, generator=generator, device=device) < negative_prob) & has_other
+    return torch.where(swap, other, torch.arange(B, device=device))

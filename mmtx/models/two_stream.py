@@ -1,0 +1,118 @@
+"""ViLBERT-style two-stream vision-and-language model (Lu et al. 2019) on raw image patches.
+
+The vision stream (ViT blocks) and the text stream (text-encoder blocks) first run on their own;
+then co-attention layers let each stream read the other. ``h_IMG`` (the vision CLS output) and
+``h_CLS`` (the first text token's output) are pooled into a joint space whose element-wise
+product feeds the alignment and answer heads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from mmtx.models.text import TextEncoder
+from mmtx.models.vit import VisionEncoder
+from mmtx.nn.blocks import CoAttentionLayer
+from mmtx.nn.init import init_weights
+
+
+@dataclass
+class Unimodal:
+    """Each stream after its own blocks, before any co-attention."""
+
+    vision: Tensor  # (B, 1 + N, Dv)
+    text: Tensor  # (B, T, Dt)
+    text_mask: Tensor  # (B, T), True on real tokens
+    vision_rope: tuple[Tensor, Tensor] | None = None
+    text_rope: tuple[Tensor, Tensor] | None = None
+
+    def select_text(self, index: Tensor) -> Unimodal:
+        """Pair each image with the text of row ``index[i]`` (texts do not depend on images yet)."""
+        return Unimodal(self.vision, self.text[index], self.text_mask[index], self.vision_rope, self.text_rope)
+
+
+@dataclass
+class Joint:
+    """Both streams after co-attention and the final norms, and their pooled product."""
+
+    vision: Tensor  # (B, 1 + N, Dv)
+    text: Tensor  # (B, T, Dt)
+    pooled: Tensor  # (B, joint_dim): pool(h_IMG) * pool(h_CLS)
+
+
+class TwoStreamModel(nn.Module):
+    """Vision and text towers joined by ``co_layers`` co-attention layers.
+
+    Args:
+        vision: the image stream (its patch embedding, positions and blocks are used; its final
+            norm is applied after the co-attention layers).
+        text: the text stream, likewise.
+        co_layers: number of co-attention layers (ViLBERT: 6 in the base model).
+        joint_dim: width of the pooled joint representation.
+    """
+
+    def __init__(
+        self, vision: VisionEncoder, text: TextEncoder, co_layers: int = 2, joint_dim: int = 256,
+        mlp_ratio: float = 4.0, dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if co_layers < 0:
+            raise ValueError(f"co_layers={co_layers} must be >= 0")
+        self.vision, self.text = vision, text
+        self.co_layers = nn.ModuleList(
+            CoAttentionLayer(
+                vision.dim, text.dim, vision.num_heads, text.num_heads, mlp_ratio, dropout=dropout
+            )
+            for _ in range(co_layers)
+        )
+        # ViLBERT pools h_IMG and h_CLS with a linear layer + activation into one space
+        self.vision_pool = nn.Sequential(nn.Linear(vision.dim, joint_dim), nn.ReLU())
+        self.text_pool = nn.Sequential(nn.Linear(text.dim, joint_dim), nn.ReLU())
+        self.mask_token = nn.Parameter(torch.zeros(vision.dim))  # replaces masked patches
+        for module in (self.co_layers, self.vision_pool, self.text_pool):
+            module.apply(init_weights)
+        nn.init.normal_(self.mask_token, std=0.02)
+
+    @property
+    def joint_dim(self) -> int:
+        return self.vision_pool[0].out_features
+
+    def encode_vision(
+        self, images: Tensor, masked_patches: Tensor | None = None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+        """The vision stream's own blocks (B, 1 + N, Dv); ``masked_patches`` (B, N) get the mask token."""
+        v, rope = self.vision.embed(images, masked_patches, self.mask_token)
+        for block in self.vision.blocks:
+            v = block(v, rope=rope)
+        return v, rope
+
+    def encode_text(self, input_ids: Tensor, text_mask: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+        """The text stream's own blocks (B, T, Dt)."""
+        t, rope = self.text.embed(input_ids)
+        for block in self.text.blocks:
+            t = block(t, mask=text_mask, rope=rope)
+        return t, rope
+
+    def unimodal(
+        self, images: Tensor, input_ids: Tensor, text_mask: Tensor, masked_patches: Tensor | None = None
+    ) -> Unimodal:
+        """Run each stream's own blocks."""
+        v, v_rope = self.encode_vision(images, masked_patches)
+        t, t_rope = self.encode_text(input_ids, text_mask)
+        return Unimodal(v, t, text_mask, v_rope, t_rope)
+
+    def fuse(self, u: Unimodal) -> Joint:
+        """Exchange information through the co-attention layers; pool h_IMG and h_CLS."""
+        v, t = u.vision, u.text
+        for layer in self.co_layers:
+            v, t = layer(v, t, u.text_mask, u.vision_rope, u.text_rope)
+        v, t = self.vision.norm(v), self.text.norm(t)
+        pooled = self.vision_pool(v[:, 0]) * self.text_pool(t[:, 0])
+        return Joint(v, t, pooled)
+
+    def forward(self, images: Tensor, input_ids: Tensor, text_mask: Tensor) -> Joint:
+        """``images`` (B, 3, H, W), ``input_ids``/``text_mask`` (B, T) -> :class:`Joint`."""
+        return self.fuse(self.unimodal(images, input_ids, text_mask))

@@ -1,0 +1,137 @@
+"""Two-stream image-text pretraining (ViLBERT-style) as a LightningModule."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+from hydra.utils import instantiate
+
+from mmtx.data.tokenizer import Tokenizer
+from mmtx.metrics.retrieval import retrieval_recall
+from mmtx.models.pretraining import Objectives, TwoStreamPretrainer
+from mmtx.models.two_stream import Unimodal
+from mmtx.tasks.base import Task
+from mmtx.tasks.gather import gather_unique
+from mmtx.tasks.optim import build_optimizer
+
+
+class PretrainTask(Task):
+    """Pretrains a :class:`TwoStreamPretrainer` on image-caption pairs.
+
+    Validation reports each loss, MLM and alignment accuracy (half the pairs get another
+    image's caption, with a fixed seed), and zero-shot retrieval recall over the first
+    ``retrieval_images`` validation images and all their captions.
+
+    Args:
+        model: the pretrainer's config; the text stream's ``vocab_size``/``pad_id`` and the
+            [MASK]/special ids are filled in from the tokenizer.
+        tokenizer: the tokenizer as JSON text.
+        objectives: :class:`Objectives` fields (loss weights, masking rates, negatives).
+        retrieval_images: images in the retrieval evaluation (0: skip it).
+        rerank: with the contrastive loss on, retrieval ranks by contrastive similarity and
+            re-scores each query's top ``rerank`` candidates with the alignment head (ALBEF);
+            without it, every pair is scored by the alignment head.
+    """
+
+    def __init__(
+        self, model: dict, tokenizer: str, objectives: dict | None = None, lr: float = 5e-4,
+        weight_decay: float = 0.05, betas: tuple[float, float] = (0.9, 0.98), warmup_ratio: float = 0.05,
+        min_lr_ratio: float = 0.01, retrieval_images: int = 100, rerank: int = 16,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(logger=False)
+        self.tokenizer = tok = Tokenizer.from_str(tokenizer)
+        self.model: TwoStreamPretrainer = instantiate(
+            model, backbone={"text": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}},
+            mask_id=tok.mask_id, special_ids=sorted(tok.special_ids),
+        )
+        self.objectives = Objectives(**(objectives or {}))
+        self.val_outputs: list[dict[str, Any]] = []
+        self.metrics: dict[str, float] = {}
+        self._vision_rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._captions_per_image: list[int] = []  # of the last retrieval evaluation
+
+    def _log_losses(self, out: dict[str, torch.Tensor], stage: str, batch_size: int) -> None:
+        for k, v in out.items():
+            self.log(f"{stage}/{k}", v, prog_bar=k == "loss", batch_size=batch_size, sync_dist=stage != "train")
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        out = self.model(
+            batch["images"], batch["input_ids"], batch["attention_mask"], batch["image_ids"], self.objectives
+        )
+        self._log_losses(out, "train", batch["images"].shape[0])
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=batch["images"].shape[0])
+        return out["loss"]
+
+    def configure_optimizers(self) -> dict:
+        h = self.hparams
+        return build_optimizer(
+            self.model, lr=h.lr, weight_decay=h.weight_decay, betas=h.betas, warmup_ratio=h.warmup_ratio,
+            total_steps=self.trainer.estimated_stepping_batches, min_lr_ratio=h.min_lr_ratio,
+        )
+
+    # --- validation ----------------------------------------------------------------------------
+    def on_validation_epoch_start(self) -> None:
+        self.val_outputs = []
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        images, B = batch["images"], batch["images"].shape[0]
+        gen = torch.Generator(device=images.device).manual_seed(1000 + batch_idx)  # same negatives every time
+        out = self.model(images, batch["input_ids"], batch["attention_mask"], batch["image_ids"], self.objectives, gen)
+        self._log_losses(out, "val", B)
+        if "itm_acc" in out:
+            self.log("val/itm_accuracy", 100 * out["itm_acc"], batch_size=B, sync_dist=True)
+        # keep what retrieval needs: unmasked vision-stream features and the references
+        vision, self._vision_rope = self.model.backbone.encode_vision(images)
+        for i, image_id in enumerate(batch["image_ids"].tolist()):
+            self.val_outputs.append({"image_id": image_id, "vision": vision[i].cpu(), "references": batch["references"][i]})
+
+    def on_validation_epoch_end(self) -> None:
+        outputs = gather_unique(self.val_outputs, key="image_id", strategy=self.trainer.strategy)
+        self.val_outputs = []
+        if self.trainer.sanity_checking:
+            return
+        metrics = {k.removeprefix("val/"): float(v) for k, v in self.trainer.callback_metrics.items()
+                   if k == "val/itm_accuracy"}
+        items = outputs[: self.hparams.retrieval_images]
+        self._captions_per_image = [len(item["references"]) for item in items]
+        if items and self.trainer.is_global_zero:
+            metrics.update(self.retrieval(items))
+        metrics = self.trainer.strategy.broadcast(metrics)
+        self.metrics = metrics
+        self.log_dict({f"val/{k}": v for k, v in metrics.items() if k != "itm_accuracy"}, rank_zero_only=True)
+
+    @torch.no_grad()
+    def retrieval(self, items: list[dict[str, Any]]) -> dict[str, float]:
+        """Zero-shot image<->text recall on these images and all their reference captions."""
+        texts = [(i, caption) for i, item in enumerate(items) for caption in item["references"]]
+        if not texts:
+            return {}
+        backbone = self.model.backbone
+        ids, mask = self.tokenizer.encode_batch([c for _, c in texts], backbone.text.max_length)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        t, t_rope = backbone.encode_text(ids, mask)
+        vision = torch.stack([item["vision"] for item in items]).to(self.device)
+        u = Unimodal(vision, t, mask, self._vision_rope, t_rope)
+        rerank = self.hparams.rerank if self.objectives.itc > 0 else None
+        i2t, t2i = self.model.retrieval_scores(u, rerank)
+        text_image = torch.tensor([i for i, _ in texts], device=self.device)
+        recall_i2t, recall_t2i = retrieval_recall(i2t, text_image), retrieval_recall(t2i, text_image)
+        return {**{k: v for k, v in recall_i2t.items() if k.startswith("i2t")},
+                **{k: v for k, v in recall_t2i.items() if k.startswith("t2i")}}
+
+    def baseline(self, datamodule: L.LightningDataModule) -> tuple[str, dict[str, float]]:
+        """Chance: a coin for alignment, a random ranking for retrieval (exact expectations)."""
+        counts = [c for c in self._captions_per_image if c > 0]
+        chance = {"itm_accuracy": 50.0}
+        if counts:
+            n, m = len(counts), sum(counts)
+            for k in (1, 5):
+                # an image is found if any of its c texts is among k drawn from m without replacement
+                miss = [math.comb(m - c, k) / math.comb(m, k) if m - c >= k else 0.0 for c in counts]
+                chance[f"i2t_R@{k}"] = 100.0 * (1 - sum(miss) / n)
+                chance[f"t2i_R@{k}"] = 100.0 * min(1.0, k / n)
+        return "chance (random alignment guesses, random retrieval ranking)", chance
