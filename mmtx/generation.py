@@ -1,7 +1,8 @@
-"""Caption generation: greedy, beam search and sampling, all over the decoder's KV cache.
+"""Text generation: greedy, beam search and sampling, all over the decoder's KV cache.
 
-The image is encoded once and each decoder layer computes its cross-attention keys/values from
-it once (they live in the cache); every step then feeds only the newest token.
+The context (an image's tokens, or a question-aware joint encoding) is computed once, and each
+decoder layer computes its cross-attention keys/values from it once (they live in the cache);
+every step then feeds only the newest token.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mmtx.models.captioner import ImageCaptioner
 from mmtx.models.decoder import CaptionDecoder
 
 
@@ -91,8 +91,8 @@ class _Stepper:
 
 @torch.no_grad()
 def generate(
-    model: ImageCaptioner,
-    images: Tensor,
+    decoder: CaptionDecoder,
+    context: Tensor,
     *,
     bos_id: int,
     eos_id: int,
@@ -100,19 +100,20 @@ def generate(
     config: GenerationConfig | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """Captions for ``images`` (B, 3, H, W) as token ids (B, L), without BOS, padded after EOS."""
+    """Token ids (B, L) that ``decoder`` generates reading ``context`` (B, S, D): no BOS, padded
+    after EOS. For a captioner, ``context`` is ``model.encode(images)``."""
     cfg = config or GenerationConfig()
     max_length = 1 + cfg.max_new_tokens
-    if max_length > model.decoder.max_length:
+    if max_length > decoder.max_length:
         raise ValueError(
             f"max_new_tokens={cfg.max_new_tokens} needs {max_length} positions, "
-            f"the decoder has {model.decoder.max_length}"
+            f"the decoder has {decoder.max_length}"
         )
-    step = _Stepper(model.decoder, model.encode(images), cfg.use_cache, max_length, [pad_id, bos_id])
-    B = images.shape[0]
+    step = _Stepper(decoder, context, cfg.use_cache, max_length, [pad_id, bos_id])
+    B = context.shape[0]
     if cfg.num_beams > 1:
-        return _beam_search(step, B, cfg, bos_id, eos_id, pad_id, images.device)
-    return _greedy_or_sample(step, B, cfg, bos_id, eos_id, pad_id, images.device, generator)
+        return _beam_search(step, B, cfg, bos_id, eos_id, pad_id, context.device)
+    return _greedy_or_sample(step, B, cfg, bos_id, eos_id, pad_id, context.device, generator)
 
 
 def _greedy_or_sample(

@@ -11,7 +11,7 @@ BOS, EOS, PAD = 1, 2, 0
 
 def run(model, images, **cfg):
     gen = torch.Generator().manual_seed(0) if cfg.get("do_sample") else None
-    return generate(model, images, bos_id=BOS, eos_id=EOS, pad_id=PAD, config=GenerationConfig(**cfg), generator=gen)
+    return generate(model.decoder, model.encode(images), bos_id=BOS, eos_id=EOS, pad_id=PAD, config=GenerationConfig(**cfg), generator=gen)
 
 
 def log_prob(model, images, tokens):
@@ -81,7 +81,7 @@ def test_sampling_is_reproducible_and_varies_with_seed(model, images):
     a = run(model, images, max_new_tokens=12, do_sample=True)
     b = run(model, images, max_new_tokens=12, do_sample=True)
     assert torch.equal(a, b)
-    other = generate(model, images, bos_id=BOS, eos_id=EOS, pad_id=PAD,
+    other = generate(model.decoder, model.encode(images), bos_id=BOS, eos_id=EOS, pad_id=PAD,
                      config=GenerationConfig(max_new_tokens=12, do_sample=True),
                      generator=torch.Generator().manual_seed(123))
     assert not torch.equal(a, other)

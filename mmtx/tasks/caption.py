@@ -89,7 +89,7 @@ class CaptionTask(Task):
         """Generated captions for a batch of transformed images (B, 3, H, W)."""
         tok = self.tokenizer
         ids = generate(
-            self.model, images, bos_id=tok.bos_id, eos_id=tok.eos_id, pad_id=tok.pad_id,
+            self.model.decoder, self.model.encode(images), bos_id=tok.bos_id, eos_id=tok.eos_id, pad_id=tok.pad_id,
             config=config or self.generation,
         )
         return tok.decode_batch(ids.cpu())
