@@ -56,25 +56,27 @@ class _Stepper:
     """Next-token log-probabilities for growing sequences, with or without the KV cache."""
 
     def __init__(
-        self, decoder: CaptionDecoder, context: Tensor, use_cache: bool, max_length: int,
-        banned: list[int],
+        self, decoder: CaptionDecoder, context: Tensor, context_mask: Tensor | None, use_cache: bool,
+        max_length: int, banned: list[int],
     ) -> None:
-        self.decoder, self.context, self.banned = decoder, context, banned
+        self.decoder, self.context, self.context_mask, self.banned = decoder, context, context_mask, banned
         self.cache = decoder.new_cache(max_length) if use_cache else None
 
     def __call__(self, tokens: Tensor) -> Tensor:
         """``tokens`` (N, t): every token so far -> log-probs (N, vocab) of the next one."""
         if self.cache is not None:
             new = tokens[:, self.cache[0].self_kv.length :]  # only what the cache has not seen
-            logits = self.decoder(new, self.context, cache=self.cache)
+            logits = self.decoder(new, self.context, context_mask=self.context_mask, cache=self.cache)
         else:
-            logits = self.decoder(tokens, self.context)
+            logits = self.decoder(tokens, self.context, context_mask=self.context_mask)
         logits = logits[:, -1].float()
         logits[:, self.banned] = -float("inf")  # never emit padding or a second BOS
         return logits.log_softmax(-1)
 
     def repeat_interleave(self, k: int) -> None:
         """Turn each row into ``k`` rows (beams), reusing the computed state."""
+        if self.context_mask is not None:
+            self.context_mask = self.context_mask.repeat_interleave(k, dim=0)
         if self.cache is not None:
             for block in self.cache:
                 block.self_kv.repeat_interleave(k)
@@ -94,6 +96,7 @@ def generate(
     decoder: CaptionDecoder,
     context: Tensor,
     *,
+    context_mask: Tensor | None = None,
     bos_id: int,
     eos_id: int,
     pad_id: int,
@@ -101,7 +104,8 @@ def generate(
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """Token ids (B, L) that ``decoder`` generates reading ``context`` (B, S, D): no BOS, padded
-    after EOS. For a captioner, ``context`` is ``model.encode(images)``."""
+    after EOS. For a captioner, ``context`` is ``model.encode(images)``; ``context_mask`` (B, S)
+    is True on context tokens that may be attended to (e.g. not question padding)."""
     cfg = config or GenerationConfig()
     max_length = 1 + cfg.max_new_tokens
     if max_length > decoder.max_length:
@@ -109,7 +113,7 @@ def generate(
             f"max_new_tokens={cfg.max_new_tokens} needs {max_length} positions, "
             f"the decoder has {decoder.max_length}"
         )
-    step = _Stepper(decoder, context, cfg.use_cache, max_length, [pad_id, bos_id])
+    step = _Stepper(decoder, context, context_mask, cfg.use_cache, max_length, [pad_id, bos_id])
     B = context.shape[0]
     if cfg.num_beams > 1:
         return _beam_search(step, B, cfg, bos_id, eos_id, pad_id, context.device)

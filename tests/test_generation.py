@@ -57,7 +57,7 @@ def test_beam_of_one_is_greedy(model, images):
     # the beam-search code path itself with K=1 (generate dispatches K=1 to greedy)
     from mmtx.generation import _beam_search, _Stepper
 
-    step = _Stepper(model.decoder, model.encode(images), True, 17, [PAD, BOS])
+    step = _Stepper(model.decoder, model.encode(images), None, True, 17, [PAD, BOS])
     beam1 = _beam_search(step, 4, GenerationConfig(max_new_tokens=16, num_beams=1), BOS, EOS, PAD, images.device)
     greedy = run(model, images, max_new_tokens=16)
     assert torch.equal(beam1, greedy[:, : beam1.shape[1]])

@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mmtx.checkpoint import CheckpointError, load_task
 from mmtx.cli.common import CONFIG_DIR, friendly_errors, generation_override, make_trainer, to_container
-from mmtx.metrics.caption import format_metrics_table
+from mmtx.metrics.table import format_metrics_table
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
@@ -22,7 +22,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         raise CheckpointError(f"{cfg.ckpt} records no data set: choose one, e.g. data=coco data.val.annotations=...")
     trained = (task.data_config or {}).get("image_size")
     data_cfg["image_size"] = cfg.image_size or trained or data_cfg.get("image_size")
-    task.generation = generation_override(task.generation, cfg.generation)
+    if hasattr(task, "generation"):  # tasks that generate text: captioning, generative VQA
+        task.generation = generation_override(task.generation, cfg.generation)
 
     datamodule = instantiate(data_cfg)
     datamodule.prepare_data()
@@ -35,12 +36,16 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
     if trainer.is_global_zero:
         metrics = dict(task.metrics)
-        predictions = [{"image_id": o["image_id"], "caption": o["caption"]} for o in task.val_outputs]
+        predictions = task.predictions()
+        for path in (cfg.output, cfg.predictions):  # e.g. output=results/metrics.json: not lost at the end
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.output).write_text(json.dumps(metrics, indent=2))
-        Path(cfg.predictions).write_text(json.dumps(predictions))
-        print(f"{cfg.ckpt} on {cfg.split} ({len(predictions)} images)")
+        print(f"{cfg.ckpt} on {cfg.split} ({len(datamodule.datasets[cfg.split])} examples)")
         print(format_metrics_table(metrics))
-        print(f"metrics: {cfg.output}\npredictions: {cfg.predictions}")
+        print(f"metrics: {cfg.output}")
+        if predictions is not None:
+            Path(cfg.predictions).write_text(json.dumps(predictions))
+            print(f"predictions: {cfg.predictions}")
         return metrics
     return {}
 

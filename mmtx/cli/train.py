@@ -7,7 +7,7 @@ from pathlib import Path
 
 import hydra
 import lightning as L
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig
 
@@ -33,17 +33,20 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     datamodule = instantiate(cfg.data)
     datamodule.prepare_data()
-    if cfg.ckpt_path:  # resuming: the vocabulary is the one the run started with
-        tokenizer = Tokenizer.from_str(read_checkpoint(cfg.ckpt_path)["hyper_parameters"]["tokenizer"])
+    task_cls = get_class(cfg.task._target_)
+    if cfg.ckpt_path:  # resuming: the vocabularies are the ones the run started with
+        saved = read_checkpoint(cfg.ckpt_path)["hyper_parameters"]
+        tokenizer = Tokenizer.from_str(saved["tokenizer"])
+        data_arguments = {k: saved[k] for k in task_cls.data_arguments}
     else:
-        captions = [c for r in datamodule.records("train") for c in r.captions]
-        tokenizer = build_tokenizer(cfg.tokenizer, captions)
+        tokenizer = starting_tokenizer(cfg, datamodule)
+        data_arguments = task_cls.from_data(datamodule, **to_container(cfg.task))
     tokenizer.save(out / "tokenizer.json")
     datamodule.tokenizer = tokenizer
     log.info("tokenizer: %d tokens, saved to %s", tokenizer.vocab_size, out / "tokenizer.json")
 
     task = instantiate(
-        cfg.task, model=to_container(cfg.model), tokenizer=tokenizer.to_str(),
+        cfg.task, model=to_container(cfg.model), tokenizer=tokenizer.to_str(), **data_arguments,
         _recursive_=False, _convert_="all",
     )
     task.data_config = to_container(cfg.data)
@@ -79,6 +82,17 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
         wandb.finish()
     return metrics
+
+
+def starting_tokenizer(cfg: DictConfig, datamodule: L.LightningDataModule) -> Tokenizer:
+    """``tokenizer.path`` if given; else the ``init_from`` checkpoint's (its embeddings index it);
+    else a vocabulary learned from the training text."""
+    if not cfg.tokenizer.path and cfg.init_from:
+        saved = read_checkpoint(cfg.init_from).get("hyper_parameters", {})
+        if "tokenizer" in saved:
+            log.info("tokenizer: the one of init_from=%s", cfg.init_from)
+            return Tokenizer.from_str(saved["tokenizer"])
+    return build_tokenizer(cfg.tokenizer, datamodule.texts("train"))
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")

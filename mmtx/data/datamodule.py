@@ -1,7 +1,7 @@
 """Caption data sets as Lightning data modules: shapes scenes, COCO captions, Karpathy splits.
 
 Every source reads into :class:`CaptionRecord` lists; one data module class per source says only
-where its records come from, and the base class does the rest (datasets, batching, tokenizing).
+where its records come from, and the base classes do the rest (datasets, batching, tokenizing).
 """
 
 from __future__ import annotations
@@ -9,17 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
+from mmtx.data.base import ImageTextDataModule
 from mmtx.data.captions import CaptionRecord, read_coco_captions, read_karpathy
 from mmtx.data.images import load_image
 from mmtx.data.shapes import generate_shapes
 from mmtx.data.tokenizer import Tokenizer
-from mmtx.data.transforms import build_transforms
-
-SPLITS = ("train", "val", "test")
 
 
 class CaptionDataset(Dataset):
@@ -68,89 +65,20 @@ class CaptionCollator:
         }
 
 
-class CaptionDataModule(L.LightningDataModule):
-    """Batches of images and captions; subclasses say where the records come from.
+class CaptionDataModule(ImageTextDataModule):
+    """Images and their captions (training: one example per pair; evaluation: per image)."""
 
-    Args:
-        image_size: side of the square images the model sees.
-        batch_size: training batch size; ``eval_batch_size`` for validation/test (default: same).
-        num_workers: processes that decode and transform images.
-        max_length: longest caption in tokens, [BOS] and [EOS] included (longer ones are cut).
-        crop_scale: ``[min, max]`` area for random resized crops in training; ``None``: no crop.
-    """
+    def make_dataset(self, records: list[CaptionRecord], transform: Any, train: bool) -> Dataset:
+        return CaptionDataset(records, transform, pairs=train)
 
-    def __init__(
-        self,
-        image_size: int = 224,
-        batch_size: int = 64,
-        eval_batch_size: int | None = None,
-        num_workers: int = 2,
-        max_length: int = 32,
-        crop_scale: tuple[float, float] | None = None,
-    ) -> None:
-        super().__init__()
-        if image_size <= 0 or batch_size <= 0 or max_length < 3:
-            raise ValueError(
-                f"data: image_size={image_size}, batch_size={batch_size} must be positive and "
-                f"max_length={max_length} at least 3"
-            )
-        self.image_size, self.batch_size = image_size, batch_size
-        self.eval_batch_size = eval_batch_size or batch_size
-        self.num_workers, self.max_length = num_workers, max_length
-        self.crop_scale = tuple(crop_scale) if crop_scale else None
-        self.tokenizer: Tokenizer | None = None  # set by the caller (trained or loaded)
-        self.datasets: dict[str, CaptionDataset] = {}
-        self._records: dict[str, list[CaptionRecord]] = {}
+    def make_collator(self) -> CaptionCollator:
+        return CaptionCollator(self.tokenizer, self.max_length)
 
-    # --- what a source provides -------------------------------------------------------------
-    def load_records(self, split: str) -> list[CaptionRecord]:
-        raise NotImplementedError
-
-    def has_split(self, split: str) -> bool:
-        return True
-
-    def records(self, split: str) -> list[CaptionRecord]:
-        """The split's records, read once."""
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
-        if split not in self._records:
-            self._records[split] = self.load_records(split)
-        return self._records[split]
+    def texts(self, split: str = "train") -> list[str]:
+        return [c for r in self.records(split) for c in r.captions]
 
     def references(self, split: str) -> dict[int, list[str]]:
         return {r.image_id: list(r.captions) for r in self.records(split) if r.captions}
-
-    # --- Lightning hooks --------------------------------------------------------------------
-    def setup(self, stage: str | None = None) -> None:
-        wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}.get(stage or "fit", ())
-        for split in wanted:
-            if split not in self.datasets and self.has_split(split):
-                train = split == "train"
-                transform = build_transforms(self.image_size, train=train, crop_scale=self.crop_scale)
-                self.datasets[split] = CaptionDataset(self.records(split), transform, pairs=train)
-
-    def _loader(self, split: str, train: bool) -> DataLoader:
-        if self.tokenizer is None:
-            raise RuntimeError("CaptionDataModule.tokenizer must be set before making data loaders")
-        self.setup({"train": "fit", "val": "validate", "test": "test"}[split])
-        return DataLoader(
-            self.datasets[split],
-            batch_size=self.batch_size if train else self.eval_batch_size,
-            shuffle=train,
-            drop_last=train,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-            collate_fn=CaptionCollator(self.tokenizer, self.max_length),
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", train=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", train=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", train=False)
 
 
 class ShapesCaptions(CaptionDataModule):

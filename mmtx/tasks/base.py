@@ -21,6 +21,19 @@ class Task(L.LightningModule):
     init_renames: dict[str, str] = {}
     metrics: dict[str, float]  # the last validation's metrics (every task keeps them)
 
+    # constructor arguments that come from the training data (e.g. an answer vocabulary): made by
+    # ``from_data`` for a new run, read back from the checkpoint when resuming
+    data_arguments: tuple[str, ...] = ()
+
+    @classmethod
+    def from_data(cls, datamodule: L.LightningDataModule, **task_config: Any) -> dict[str, Any]:
+        """The ``data_arguments`` for a new run, computed from the training data."""
+        return {}
+
+    def predictions(self) -> list[dict[str, Any]] | None:
+        """The last evaluation's outputs in the official results format (None if there is none)."""
+        return None
+
     def baseline(self, datamodule: L.LightningDataModule) -> tuple[str, dict[str, float]]:
         """What the metrics would be without learning: a name and the same metric keys."""
         raise NotImplementedError

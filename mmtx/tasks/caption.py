@@ -126,6 +126,10 @@ class CaptionTask(Task):
         self.val_outputs = outputs  # all ranks' predictions, each image once
 
 
+    def predictions(self) -> list[dict[str, Any]]:
+        """The last evaluation's captions in the official results format."""
+        return [{"image_id": o["image_id"], "caption": o["caption"]} for o in self.val_outputs]
+
     def baseline(self, datamodule: L.LightningDataModule) -> tuple[str, dict[str, float]]:
         """The constant-caption baseline on the images the last validation scored."""
         evaluated = {o["image_id"]: o["references"] for o in self.val_outputs if o["references"]}

@@ -1,0 +1,59 @@
+"""``mmtx-vqa``: answer a question about an image, or a whole official questions file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import hydra
+import torch
+from omegaconf import DictConfig
+
+from mmtx.checkpoint import CheckpointError, load_task
+from mmtx.cli.common import CONFIG_DIR, friendly_errors
+from mmtx.data.images import load_image
+from mmtx.data.transforms import build_transforms
+from mmtx.data.vqa import read_vqa
+from mmtx.tasks.vqa import VqaTask
+
+
+def answer_questions(
+    task: VqaTask, pairs: list[tuple[str | Path, str]], image_size: int, batch_size: int, k: int
+) -> list[list[tuple[str, float]]]:
+    """The top ``k`` (answer, score) for each (image file, question), in order."""
+    transform = build_transforms(image_size, train=False)
+    max_length = task.model.backbone.text.max_length
+    results = []
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start : start + batch_size]
+        images = torch.stack([transform(load_image(path)) for path, _ in chunk]).to(task.device)
+        ids, mask = task.tokenizer.encode_batch([q for _, q in chunk], max_length)
+        results += task.answer(images, ids.to(task.device), mask.to(task.device), k=k)
+    return results
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="vqa")
+@friendly_errors
+def main(cfg: DictConfig) -> None:
+    task = load_task(cfg.ckpt, map_location=cfg.device)
+    if not isinstance(task, VqaTask):
+        raise CheckpointError(f"{cfg.ckpt} is a {type(task).__name__} checkpoint, not a VQA one (task=vqa)")
+    size = cfg.image_size or (task.data_config or {}).get("image_size") or task.model.backbone.vision.image_size
+    if cfg.questions:
+        if not cfg.images:
+            raise ValueError("questions=... needs images=DIR (the folder of the questions' images)")
+        records = read_vqa(cfg.questions, None, cfg.images)
+        top = answer_questions(task, [(r.path, r.question) for r in records], size, cfg.batch_size, 1)
+        results = [{"question_id": r.question_id, "answer": t[0][0]} for r, t in zip(records, top)]
+        Path(cfg.predictions).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.predictions).write_text(json.dumps(results))
+        print(f"answered {len(results)} questions: {cfg.predictions}")
+    elif cfg.image and cfg.question:
+        for answer, score in answer_questions(task, [(cfg.image, cfg.question)], size, 1, cfg.top_k)[0]:
+            print(f"{score:.4f}\t{answer}")
+    else:
+        raise ValueError('give image=FILE question="..." or questions=FILE.json images=DIR')
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,312 @@
+"""Shapes VQA: questions about shapes scenes, each with ten annotator-like answers, drawn on the fly.
+
+The scenes are those of `mmtx.data.shapes` (1-3 shapes, one colour each). Questions ask to
+count (``how many circles are there?``), name a colour, shape or size (``what color is the
+circle?``), check existence (``is there a red shape?``) or a spatial relation (``is the red
+circle left of the blue square?``, ``what is above the green triangle?``). A question is only
+asked when the scene answers it unambiguously: "the circle" must be the only circle, and a
+relation must be clear by `mmtx.data.shapes.RELATION_RATIO` (for "what is left of X?", no
+other shape may be left of X at all). Answer types are balanced (yes/no, number, other in
+turn) and yes/no answers are balanced.
+
+Each question gets ten answers like VQA's annotators give: mostly the right one, sometimes a
+synonym (``ball``, ``two``, ``little``) and about one in ten wrong; at most four of the ten
+differ from the right answer, so it is always the majority. Everything comes from the seed.
+
+`generate_shapes_vqa` writes the official VQA v2 format, so `mmtx.data.vqa.read_vqa` and the
+official accuracy serve it like the real data set.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import secrets
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from mmtx.data.shapes import COLORS, KINDS, SIZES, Scene, draw_scene
+from mmtx.data.vqa import VqaRecord, write_vqa
+
+log = logging.getLogger(__name__)
+
+ANSWERS_PER_QUESTION = 10
+MAX_QUESTIONS_PER_IMAGE = 10  # every scene has well over this many answerable questions
+
+_ANSWER_TYPES = ("yes/no", "number", "other")
+_WRONG_RATE = 0.1  # an annotator answers wrongly
+_SYNONYM_RATE = 0.1  # a right annotator words the answer differently
+_MAX_DISSENT = 4  # at most this many of the ten answers differ from the right one
+
+_PLURALS = {"circle": "circles", "square": "squares", "triangle": "triangles"}
+_NUMBER_WORDS = {0: ("none", "zero"), 1: ("one",), 2: ("two",), 3: ("three",)}  # scenes hold 1-3 shapes
+_KIND_SYNONYMS = {"circle": ("ball",), "square": ("box",), "triangle": ()}
+_SIZE_SYNONYMS = {"small": ("little", "tiny"), "large": ("big",)}
+_COLOR_SYNONYMS = {"purple": ("violet",)}
+_RELATION_WORDS = {"left": "left of", "right": "right of", "above": "above", "below": "below"}
+_OPPOSITE = {"left": "right", "right": "left", "above": "below", "below": "above"}
+
+_FORMAT = "mmtx-shapes-vqa"
+# Bump when questions, answers or the scenes of mmtx.data.shapes change, so cached sets are rebuilt.
+_FORMAT_VERSION = 1
+_VAL_ID_BASE = 10_000_000  # val image ids start here: unique across splits and stable
+_QUESTION_ID_STRIDE = 1000  # question id = image id * 1000 + index, as in VQA v2
+
+
+@dataclass(frozen=True)
+class ShapesQuestion:
+    """One question about a scene: its right `answer` and the ten annotators' `answers`."""
+
+    question: str
+    answer: str
+    answers: tuple[str, ...]
+    answer_type: str  # "yes/no", "number" or "other"
+    question_type: str  # the question's first words, as in VQA v2
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A question the scene answers unambiguously, with the ways annotators could answer it."""
+
+    family: str  # what kind of question, so that sampling varies them
+    question: str
+    answer: str
+    answer_type: str
+    question_type: str
+    synonyms: tuple[str, ...]  # also right, worded differently
+    mistakes: tuple[str, ...]  # plausible wrong answers
+
+
+def ask_about_scene(scene: Scene, rng: random.Random, count: int = 5) -> list[ShapesQuestion]:
+    """`count` distinct questions about `scene`, answer types taken in turn from a random start
+    (so a data set is balanced over yes/no, number and other), yes or no equally often."""
+    _check_int("count", count, 1, MAX_QUESTIONS_PER_IMAGE)
+    pool = _candidates(scene)
+    first = rng.randrange(len(_ANSWER_TYPES))
+    asked = []
+    for k in range(count):
+        answer_type = _ANSWER_TYPES[(first + k) % len(_ANSWER_TYPES)]
+        options = [c for c in pool if c.answer_type == answer_type] or pool
+        if answer_type == "yes/no":
+            wanted = rng.choice(("yes", "no"))
+            options = [c for c in options if c.answer == wanted] or options
+        family = rng.choice(sorted({c.family for c in options}))
+        chosen = rng.choice([c for c in options if c.family == family])
+        pool.remove(chosen)
+        answers = _annotate(chosen, rng)
+        asked.append(
+            ShapesQuestion(chosen.question, chosen.answer, answers, chosen.answer_type, chosen.question_type)
+        )
+    return asked
+
+
+def generate_shapes_vqa(
+    root: str | os.PathLike,
+    num_train: int,
+    num_val: int,
+    image_size: int = 64,
+    seed: int = 0,
+    questions_per_image: int = 5,
+) -> dict[str, tuple[Path, Path, Path]]:
+    """Write (or reuse) a shapes VQA data set under `root` in the official VQA v2 format.
+
+    Layout: ``train/*.png``, ``val/*.png`` (named by the 12-digit image id),
+    ``questions_{split}.json``, ``annotations_{split}.json`` and ``meta.json``. A data set whose
+    ``meta.json`` records these parameters is reused as is; otherwise it is built in a
+    temporary sibling directory and moved into place at the end, so an interrupted run never
+    leaves half a data set. An older shapes VQA set is replaced, any other non-empty directory
+    refused. Each image and its questions come from their own seed (seed, split, index).
+
+    Returns {split: (questions_json, annotations_json, images_dir)} for "train" and "val".
+    """
+    root = Path(root)
+    _check_int("num_train", num_train, 0, _VAL_ID_BASE - 1)
+    _check_int("num_val", num_val, 0, _VAL_ID_BASE - 1)
+    _check_int("image_size", image_size, 32)
+    _check_int("questions_per_image", questions_per_image, 1, MAX_QUESTIONS_PER_IMAGE)
+    meta = {"format": _FORMAT, "version": _FORMAT_VERSION, "num_train": num_train, "num_val": num_val,
+            "image_size": image_size, "seed": seed, "questions_per_image": questions_per_image}
+    layout = {
+        split: (root / f"questions_{split}.json", root / f"annotations_{split}.json", root / split)
+        for split in ("train", "val")
+    }
+    if _read_meta(root) == meta and _complete(layout):
+        log.info("reusing shapes VQA data set at %s", root)
+        return layout
+    _check_replaceable(root)
+
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
+    try:
+        _build(staging, meta)
+        _install(staging, root, meta, layout)
+        log.info("wrote %d shapes VQA images to %s", num_train + num_val, root)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone already after a successful install
+    return layout
+
+
+def _candidates(scene: Scene) -> list[_Candidate]:
+    """Every question of every family that `scene` answers unambiguously."""
+    shapes = scene.shapes
+    names = [f"{s.color} {s.kind}" for s in shapes]
+    found: list[_Candidate] = []
+
+    def count(family: str, question: str, n: int) -> None:
+        wrong = tuple(str(m) for m in (n - 1, n + 1) if m >= 0)
+        found.append(_Candidate(family, question, str(n), "number", "how many", _NUMBER_WORDS[n], wrong))
+
+    def yes_no(family: str, question: str, question_type: str, truth: bool) -> None:
+        answer, wrong = ("yes", "no") if truth else ("no", "yes")
+        found.append(_Candidate(family, question, answer, "yes/no", question_type, (), (wrong,)))
+
+    def color_of(family: str, question: str, color: str) -> None:
+        wrong = tuple(c for c in COLORS if c != color)
+        found.append(_Candidate(family, question, color, "other", "what color is the",
+                                _COLOR_SYNONYMS.get(color, ()), wrong))
+
+    count("count all", "how many shapes are there?", len(shapes))
+    for kind in KINDS:
+        count("count kind", f"how many {_PLURALS[kind]} are there?", sum(s.kind == kind for s in shapes))
+        yes_no("exists kind", f"is there a {kind}?", "is there a", any(s.kind == kind for s in shapes))
+    for size in SIZES:
+        count("count size", f"how many {size} shapes are there?", sum(s.size == size for s in shapes))
+        yes_no("exists size", f"is there a {size} shape?", "is there a", any(s.size == size for s in shapes))
+    for color in COLORS:
+        count("count color", f"how many {color} shapes are there?", sum(s.color == color for s in shapes))
+        yes_no("exists color", f"is there a {color} shape?", "is there a", any(s.color == color for s in shapes))
+        for kind in KINDS:
+            present = any(s.color == color and s.kind == kind for s in shapes)
+            yes_no("exists colored kind", f"is there a {color} {kind}?", "is there a", present)
+
+    for s in shapes:
+        if sum(t.kind == s.kind for t in shapes) == 1:
+            color_of("color of kind", f"what color is the {s.kind}?", s.color)
+        elif sum(t.kind == s.kind and t.size == s.size for t in shapes) == 1:
+            color_of("color of kind", f"what color is the {s.size} {s.kind}?", s.color)
+        if sum(t.size == s.size for t in shapes) == 1:
+            color_of("color of size", f"what color is the {s.size} shape?", s.color)
+        other_kinds, other_size = tuple(k for k in KINDS if k != s.kind), tuple(z for z in SIZES if z != s.size)
+        found.append(_Candidate("kind of color", f"what shape is the {s.color} object?", s.kind, "other",
+                                "what shape is the", _KIND_SYNONYMS[s.kind], other_kinds))
+        found.append(_Candidate("size of shape", f"what size is the {s.color} {s.kind}?", s.size, "other",
+                                "what size is the", _SIZE_SYNONYMS[s.size], other_size))
+
+    for i, j in ((i, j) for i in range(len(shapes)) for j in range(len(shapes)) if i != j):
+        relation = scene.relation(i, j)
+        if relation is None:
+            continue
+        for asked in (relation, _OPPOSITE[relation]):
+            yes_no("relation", f"is the {names[i]} {_RELATION_WORDS[asked]} the {names[j]}?", "is the",
+                   asked == relation)
+        if not any(_on_side(scene, k, j, relation) for k in range(len(shapes)) if k not in (i, j)):
+            kind, color = shapes[i].kind, shapes[i].color
+            synonyms = (kind, *(f"{color} {word}" for word in _KIND_SYNONYMS[kind]), f"the {names[i]}")
+            wrong = tuple(names[k] for k in range(len(shapes)) if k != i)
+            found.append(_Candidate("what is where", f"what is {_RELATION_WORDS[relation]} the {names[j]}?",
+                                    names[i], "other", "what is", synonyms, wrong))
+    return found
+
+
+def _check_int(name: str, value: Any, low: int, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be an int {bounds}, got {value!r}")
+
+
+def _on_side(scene: Scene, k: int, j: int, relation: str) -> bool:
+    """Whether shape `k`'s centre lies on the `relation` side of shape `j`'s at all."""
+    (kx, ky), (jx, jy) = scene.shapes[k].center, scene.shapes[j].center
+    return {"left": kx < jx, "right": kx > jx, "above": ky < jy, "below": ky > jy}[relation]
+
+
+def _annotate(candidate: _Candidate, rng: random.Random) -> tuple[str, ...]:
+    """Ten answers: right, a synonym (`_SYNONYM_RATE`) or wrong (`_WRONG_RATE`), at most
+    `_MAX_DISSENT` of them other than the right answer."""
+    answers = []
+    for _ in range(ANSWERS_PER_QUESTION):
+        draw = rng.random()
+        if draw < _WRONG_RATE and candidate.mistakes:
+            answers.append(rng.choice(candidate.mistakes))
+        elif draw < _WRONG_RATE + _SYNONYM_RATE and candidate.synonyms:
+            answers.append(rng.choice(candidate.synonyms))
+        else:
+            answers.append(candidate.answer)
+    dissenting = [k for k, answer in enumerate(answers) if answer != candidate.answer]
+    for k in dissenting[_MAX_DISSENT:]:
+        answers[k] = candidate.answer
+    return tuple(answers)
+
+
+def _build(staging: Path, meta: dict[str, Any]) -> None:
+    """Draw every image of both splits into `staging` and write their question/annotation files."""
+    image_size, seed, per_image = meta["image_size"], meta["seed"], meta["questions_per_image"]
+    splits = (("train", meta["num_train"], 0), ("val", meta["num_val"], _VAL_ID_BASE))
+    with tqdm(total=meta["num_train"] + meta["num_val"], desc="shapes VQA", unit="img", file=sys.stderr) as bar:
+        for split, count, id_base in splits:
+            images_dir = staging / split
+            images_dir.mkdir()
+            records = []
+            for index in range(count):
+                rng = random.Random(f"{_FORMAT}/{seed}/{split}/{index}")  # str seeds hash stably
+                image, _, scene = draw_scene(rng, image_size, num_captions=1)
+                image_id = id_base + index + 1
+                path = images_dir / f"{image_id:012d}.png"
+                image.save(path, format="PNG", compress_level=1)
+                for k, q in enumerate(ask_about_scene(scene, rng, per_image)):
+                    question_id = image_id * _QUESTION_ID_STRIDE + k
+                    records.append(VqaRecord(question_id, image_id, path, q.question, q.answers,
+                                             q.answer_type, q.question_type))
+                bar.update()
+            write_vqa(records, staging / f"questions_{split}.json", staging / f"annotations_{split}.json",
+                      data_subtype=f"shapes_{split}")
+    (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+
+
+def _install(staging: Path, root: Path, meta: dict[str, Any], layout: dict[str, tuple[Path, Path, Path]]) -> None:
+    """Move the finished `staging` directory to `root`, replacing an old shapes VQA data set."""
+    if _read_meta(root) == meta and _complete(layout):
+        return  # another process finished the same data set first
+    _check_replaceable(root)
+    stale = None
+    if root.is_dir() and any(root.iterdir()):
+        stale = root.with_name(f".{root.name}.stale-{secrets.token_hex(4)}")
+        os.replace(root, stale)
+    elif root.is_dir():
+        root.rmdir()
+    os.replace(staging, root)
+    if stale is not None:
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _read_meta(root: Path) -> dict[str, Any] | None:
+    """The parsed ``meta.json`` of a shapes VQA data set at `root`, or None if there is none."""
+    try:
+        meta = json.loads((root / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and meta.get("format") == _FORMAT else None
+
+
+def _complete(layout: dict[str, tuple[Path, Path, Path]]) -> bool:
+    return all(q.is_file() and a.is_file() and images.is_dir() for q, a, images in layout.values())
+
+
+def _check_replaceable(root: Path) -> None:
+    """Refuse to replace anything but nothing, an empty directory or a shapes VQA data set."""
+    if not root.exists():
+        return
+    if not root.is_dir():
+        raise FileExistsError(f"{root} exists and is not a directory; cannot write a shapes VQA data set there")
+    if any(root.iterdir()) and _read_meta(root) is None:
+        raise FileExistsError(
+            f"{root} is a non-empty directory without a shapes VQA meta.json; refusing to overwrite it"
+        )

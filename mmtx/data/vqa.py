@@ -1,0 +1,223 @@
+"""Read and write the official VQA v2 format (questions JSON + annotations JSON) as `VqaRecord`s.
+
+A questions file holds ``questions[]`` with ``question_id``, ``image_id`` and ``question``, and
+a ``data_subtype`` such as ``val2014``; its annotations file holds ``annotations[]`` with the
+ten ``answers[].answer`` of each question and its ``answer_type`` / ``question_type``. Test
+splits come without annotations. Images are found by id in one folder, named as COCO names
+them (``COCO_val2014_000000123456.jpg``) or by the bare id (``000000123456.jpg``, ``123456.png``).
+
+Like the caption readers, `read_vqa` checks everything up front and fails with an
+`AnnotationError` that names the file and the entry or ids at fault. Answers are kept as the
+annotators typed them: the official accuracy decides when to normalise them
+(`mmtx.metrics.vqa`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mmtx.data.captions import (
+    AnnotationError,
+    _as_object,
+    _atomic_write_json,
+    _load_json_object,
+    _optional,
+    _require,
+)
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+_REPORTED_IDS = 5  # how many offending ids an error message lists
+
+
+@dataclass(frozen=True)
+class VqaRecord:
+    """One question about one image with its ground-truth answers (none for a test split)."""
+
+    question_id: int
+    image_id: int
+    path: Path
+    question: str
+    answers: tuple[str, ...]
+    answer_type: str | None  # "yes/no", "number" or "other" in VQA v2
+    question_type: str | None  # the question's first words, e.g. "what color is the"
+
+
+def read_vqa(
+    questions: str | os.PathLike, annotations: str | os.PathLike | None, images: str | os.PathLike
+) -> list[VqaRecord]:
+    """Read an official VQA questions file, its annotations file if given, and locate the images.
+
+    Returns one record per question, sorted by question id. Every question needs an
+    annotation (annotations for questions not in the file are ignored, so a subset of the
+    questions can be evaluated) and every image id needs exactly one file directly inside
+    `images`; the folder is listed once.
+    """
+    questions_file, root = Path(questions), Path(images)
+    data = _load_json_object(questions_file)
+    entries = _require(data, "questions", list, questions_file, "")
+    subtype = _optional(data, "data_subtype", str, questions_file, "")
+
+    parsed: dict[int, tuple[int, str]] = {}  # question id -> (image id, question)
+    for i, entry in enumerate(entries):
+        where = f"questions[{i}]"
+        entry = _as_object(entry, questions_file, where)
+        question_id = _require(entry, "question_id", int, questions_file, where)
+        image_id = _require(entry, "image_id", int, questions_file, where)
+        text = " ".join(_require(entry, "question", str, questions_file, where).split())
+        if question_id in parsed:
+            raise AnnotationError(f"{questions_file}: {where}.question_id: duplicate question id {question_id}")
+        if not text:
+            raise AnnotationError(f"{questions_file}: {where}.question: empty question")
+        parsed[question_id] = (image_id, text)
+
+    labels = {} if annotations is None else _read_annotations(Path(annotations), parsed, questions_file)
+    paths = _locate_images(root, {image_id for image_id, _ in parsed.values()}, subtype, questions_file)
+    records = []
+    for question_id in sorted(parsed):
+        image_id, text = parsed[question_id]
+        answers, answer_type, question_type = labels.get(question_id, ((), None, None))
+        records.append(
+            VqaRecord(question_id, image_id, paths[image_id], text, answers, answer_type, question_type)
+        )
+    return records
+
+
+def write_vqa(
+    records: Iterable[VqaRecord],
+    questions_path: str | os.PathLike,
+    annotations_path: str | os.PathLike | None,
+    data_subtype: str,
+) -> None:
+    """Write `records` as an official VQA questions file and, unless `annotations_path` is None
+    (a test split), an annotations file; each atomically.
+
+    Image paths are not stored (the format finds images by id), so name the files as
+    `read_vqa` looks for them. ``multiple_choice_answer`` is the most frequent answer, the
+    first one given on a tie.
+    """
+    question_entries: list[dict[str, Any]] = []
+    annotation_entries: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    for record in records:
+        if record.question_id in seen:
+            raise ValueError(f"duplicate question id {record.question_id} while writing {questions_path}")
+        seen.add(record.question_id)
+        question_entries.append(
+            {"image_id": record.image_id, "question": record.question, "question_id": record.question_id}
+        )
+        if annotations_path is None:
+            continue
+        if not record.answers:
+            raise ValueError(f"question {record.question_id} has no answers to write to {annotations_path}")
+        entry: dict[str, Any] = {"question_id": record.question_id, "image_id": record.image_id}
+        if record.question_type is not None:
+            entry["question_type"] = record.question_type
+        if record.answer_type is not None:
+            entry["answer_type"] = record.answer_type
+        entry["answers"] = [
+            {"answer": answer, "answer_confidence": "yes", "answer_id": k}
+            for k, answer in enumerate(record.answers, start=1)
+        ]
+        entry["multiple_choice_answer"] = Counter(record.answers).most_common(1)[0][0]
+        annotation_entries.append(entry)
+
+    header = {"info": {"description": "written by mmtx"}, "license": {}, "data_subtype": data_subtype}
+    _atomic_write_json(Path(questions_path), {**header, "task_type": "Open-Ended", "questions": question_entries})
+    if annotations_path is not None:
+        _atomic_write_json(Path(annotations_path), {**header, "annotations": annotation_entries})
+
+
+def _read_annotations(
+    file: Path, questions: dict[int, tuple[int, str]], questions_file: Path
+) -> dict[int, tuple[tuple[str, ...], str | None, str | None]]:
+    """{question id: (answers, answer type, question type)} for every question in `questions`."""
+    data = _load_json_object(file)
+    entries = _require(data, "annotations", list, file, "")
+    labels: dict[int, tuple[tuple[str, ...], str | None, str | None]] = {}
+    for i, entry in enumerate(entries):
+        where = f"annotations[{i}]"
+        entry = _as_object(entry, file, where)
+        question_id = _require(entry, "question_id", int, file, where)
+        image_id = _require(entry, "image_id", int, file, where)
+        if question_id in labels:
+            raise AnnotationError(f"{file}: {where}.question_id: duplicate question id {question_id}")
+        if question_id not in questions:
+            continue
+        if image_id != questions[question_id][0]:
+            raise AnnotationError(
+                f"{file}: {where}.image_id: image id {image_id}, but question {question_id} in "
+                f"{questions_file} is about image {questions[question_id][0]}"
+            )
+        answers = _answers(_require(entry, "answers", list, file, where), file, where)
+        answer_type = _optional(entry, "answer_type", str, file, where)
+        question_type = _optional(entry, "question_type", str, file, where)
+        labels[question_id] = (answers, answer_type, question_type)
+
+    unanswered = [question_id for question_id in questions if question_id not in labels]
+    if unanswered:
+        raise AnnotationError(
+            f"{file}: no annotation for {len(unanswered)} question(s) of {questions_file}, "
+            f"e.g. question ids {_some(unanswered)}"
+        )
+    return labels
+
+
+def _answers(entries: list[Any], file: Path, where: str) -> tuple[str, ...]:
+    """The ``answer`` strings of an ``answers`` list (checked in one pass; VQA v2 train has 4M)."""
+    answers = tuple(entry.get("answer") if isinstance(entry, dict) else None for entry in entries)
+    if not answers:
+        raise AnnotationError(f"{file}: {where}.answers: no answers")
+    if not all(isinstance(answer, str) for answer in answers):
+        for k, entry in enumerate(entries):  # find the culprit for the message
+            at = f"{where}.answers[{k}]"
+            _require(_as_object(entry, file, at), "answer", str, file, at)
+    return answers
+
+
+def _locate_images(root: Path, image_ids: set[int], subtype: str | None, questions_file: Path) -> dict[int, Path]:
+    """{image id: its file} for `image_ids`, from one listing of `root`."""
+    found: dict[int, list[Path]] = {}
+    try:
+        with os.scandir(root) as listing:
+            for item in listing:
+                image_id = _image_id(item.name, subtype)
+                if image_id is not None and item.is_file():
+                    found.setdefault(image_id, []).append(root / item.name)
+    except OSError as err:
+        raise AnnotationError(f"{root}: cannot list the image folder of {questions_file}: {err.strerror}") from err
+
+    missing = [image_id for image_id in image_ids if image_id not in found]
+    if missing:
+        example = f"COCO_{subtype}_{missing[0]:012d}.jpg, " if subtype else ""
+        raise AnnotationError(
+            f"{root}: no image file for {len(missing)} image id(s) of {questions_file}, e.g. ids "
+            f"{_some(missing)}; expected names like {example}{missing[0]:012d}.jpg or {missing[0]}.png"
+        )
+    clashes = sorted(image_id for image_id in image_ids if len(found[image_id]) > 1)
+    if clashes:
+        names = ", ".join(sorted(path.name for path in found[clashes[0]]))
+        raise AnnotationError(f"{root}: several files for image id {clashes[0]}: {names}")
+    return {image_id: found[image_id][0] for image_id in image_ids}
+
+
+def _image_id(name: str, subtype: str | None) -> int | None:
+    """The image id a file name stands for (see the module docs), or None for other files."""
+    stem, suffix = os.path.splitext(name)
+    if suffix.lower() not in IMAGE_SUFFIXES:
+        return None
+    if re.fullmatch(r"[0-9]+", stem):
+        return int(stem)
+    coco = re.fullmatch(r"COCO_(.+)_([0-9]{12})", stem)
+    if coco and (subtype is None or coco[1] == subtype):
+        return int(coco[2])
+    return None
+
+
+def _some(ids: Iterable[int]) -> str:
+    return ", ".join(str(i) for i in sorted(ids)[:_REPORTED_IDS])

@@ -1,0 +1,124 @@
+"""VQA data sets as Lightning data modules: embedded shapes VQA and the official VQA v2 files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from mmtx.data.base import ImageTextDataModule
+from mmtx.data.images import load_image
+from mmtx.data.shapes_vqa import generate_shapes_vqa
+from mmtx.data.tokenizer import Tokenizer
+from mmtx.data.vqa import VqaRecord, read_vqa
+
+
+class VqaDataset(Dataset):
+    """One example per question: the image, the question and its ten annotator answers."""
+
+    def __init__(self, records: list[VqaRecord], transform: Any) -> None:
+        self.records, self.transform = records, transform
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        rec = self.records[i]
+        return {
+            "image": self.transform(load_image(rec.path)),
+            "question": rec.question,
+            "answers": list(rec.answers),
+            "answer_type": rec.answer_type,
+            "question_id": rec.question_id,
+        }
+
+
+class VqaCollator:
+    """Stacks images and tokenizes questions; answers stay strings (the task maps them to targets)."""
+
+    def __init__(self, tokenizer: Tokenizer, max_length: int) -> None:
+        self.tokenizer, self.max_length = tokenizer, max_length
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        input_ids, mask = self.tokenizer.encode_batch([e["question"] for e in examples], self.max_length)
+        return {
+            "images": torch.stack([e["image"] for e in examples]),
+            "input_ids": input_ids,
+            "attention_mask": mask,
+            "question_ids": torch.tensor([e["question_id"] for e in examples]),
+            "answers": [e["answers"] for e in examples],
+            "answer_types": [e["answer_type"] for e in examples],
+        }
+
+
+class VqaDataModule(ImageTextDataModule):
+    """Questions about images with ten answers each; subclasses say where the records come from."""
+
+    def make_dataset(self, records: list[VqaRecord], transform: Any, train: bool) -> Dataset:
+        if train:
+            records = [r for r in records if r.answers]
+        return VqaDataset(records, transform)
+
+    def make_collator(self) -> VqaCollator:
+        return VqaCollator(self.tokenizer, self.max_length)
+
+    def texts(self, split: str = "train") -> list[str]:
+        return [t for r in self.records(split) for t in (r.question, *dict.fromkeys(r.answers))]
+
+    def answers(self, split: str = "train") -> list[list[str]]:
+        """Each question's annotator answers (to build the answer vocabulary from)."""
+        return [list(r.answers) for r in self.records(split) if r.answers]
+
+
+class ShapesVqa(VqaDataModule):
+    """The embedded default: questions about shapes scenes, generated under ``root`` on first use."""
+
+    def __init__(
+        self, root: str, num_train: int = 8000, num_val: int = 500, seed: int = 0,
+        questions_per_image: int = 5, **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.root = Path(root)
+        self.spec = dict(num_train=num_train, num_val=num_val, seed=seed, questions_per_image=questions_per_image)
+        self._files: dict[str, tuple[Path, Path, Path]] | None = None
+
+    def prepare_data(self) -> None:
+        self.files()
+
+    def files(self) -> dict[str, tuple[Path, Path, Path]]:
+        """Questions file, annotations file and image folder per split, generated if needed."""
+        if self._files is None:
+            self._files = generate_shapes_vqa(self.root, image_size=self.image_size, **self.spec)
+        return self._files
+
+    def has_split(self, split: str) -> bool:
+        return split in ("train", "val")
+
+    def load_records(self, split: str) -> list[VqaRecord]:
+        if split == "test":
+            raise ValueError("the shapes VQA data set has train and val splits only")
+        return read_vqa(*self.files()[split])
+
+
+class VqaV2(VqaDataModule):
+    """Official VQA v2 files: ``{split: {questions, annotations, images}}`` (test: no annotations)."""
+
+    def __init__(
+        self, train: dict | None = None, val: dict | None = None, test: dict | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.splits = {"train": train, "val": val, "test": test}
+
+    def has_split(self, split: str) -> bool:
+        files = self.splits.get(split)
+        return bool(files and files.get("questions"))
+
+    def load_records(self, split: str) -> list[VqaRecord]:
+        files = self.splits.get(split) or {}
+        needed = ("questions", "images") if split == "test" else ("questions", "annotations", "images")
+        missing = [k for k in needed if not files.get(k)]
+        if missing:
+            raise ValueError(f"data.{split}.{missing[0]} is not set (needed to read the {split} split)")
+        return read_vqa(files["questions"], files.get("annotations"), files["images"])

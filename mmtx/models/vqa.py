@@ -1,0 +1,71 @@
+"""Visual question answering on the two-stream model: an answer classifier and an answer decoder."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mmtx.models.decoder import CaptionDecoder
+from mmtx.models.two_stream import TwoStreamModel
+from mmtx.nn.init import init_weights
+
+
+class VqaClassifier(nn.Module):
+    """ViLBERT's VQA head: a two-layer MLP on ``pool(h_IMG) * pool(h_CLS)`` scoring each answer
+    of a fixed vocabulary, trained with binary cross-entropy on soft scores.
+
+    Args:
+        backbone: the two-stream model (typically initialised from pretraining).
+        num_answers: size of the answer vocabulary (filled in by the task).
+        hidden_mult: the MLP's hidden width as a multiple of the joint width (ViLBERT: 2).
+    """
+
+    def __init__(
+        self, backbone: TwoStreamModel, num_answers: int, hidden_mult: float = 2.0, dropout: float = 0.1
+    ) -> None:
+        super().__init__()
+        self.backbone = backbone
+        hidden = int(backbone.joint_dim * hidden_mult)
+        self.head = nn.Sequential(
+            nn.Linear(backbone.joint_dim, hidden), nn.GELU(), nn.LayerNorm(hidden), nn.Dropout(dropout),
+            nn.Linear(hidden, num_answers),
+        )
+        self.head.apply(init_weights)
+
+    def forward(self, images: Tensor, input_ids: Tensor, text_mask: Tensor) -> Tensor:
+        """Answer logits (B, num_answers)."""
+        return self.head(self.backbone(images, input_ids, text_mask).pooled)
+
+    def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
+        """BCE against soft scores (B, A), summed over answers as in ViLBERT/BUTD, mean over questions."""
+        return F.binary_cross_entropy_with_logits(logits.float(), targets, reduction="sum") / len(targets)
+
+
+class VqaGenerator(nn.Module):
+    """Generative VQA: the shared caption decoder writes the answer, reading the question-aware
+    joint encoding (both streams after co-attention), so answers outside any vocabulary are possible.
+
+    The decoder's ``context_dim`` is the vision width; the text stream is projected to it.
+    """
+
+    def __init__(self, backbone: TwoStreamModel, decoder: CaptionDecoder) -> None:
+        super().__init__()
+        self.backbone, self.decoder = backbone, decoder
+        self.text_proj = nn.Linear(backbone.text.dim, backbone.vision.dim)
+        init_weights(self.text_proj)
+
+    def context(self, images: Tensor, input_ids: Tensor, text_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """Joint tokens (B, 1 + N + T, Dv) and their mask (question padding excluded)."""
+        joint = self.backbone(images, input_ids, text_mask)
+        context = torch.cat([joint.vision, self.text_proj(joint.text)], dim=1)
+        vision_mask = text_mask.new_ones(joint.vision.shape[:2])
+        return context, torch.cat([vision_mask, text_mask], dim=1)
+
+    def loss(
+        self, images: Tensor, input_ids: Tensor, text_mask: Tensor, answer_ids: Tensor, pad_id: int
+    ) -> Tensor:
+        """Teacher-forced cross-entropy of the answer ``[BOS] a1 .. an [EOS]`` (pads ignored)."""
+        context, mask = self.context(images, input_ids, text_mask)
+        logits = self.decoder(answer_ids[:, :-1], context, context_mask=mask)
+        return F.cross_entropy(logits.flatten(0, 1).float(), answer_ids[:, 1:].flatten(), ignore_index=pad_id)

@@ -1,0 +1,183 @@
+"""Visual question answering as LightningModules: answer classification and answer generation."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Any
+
+import lightning as L
+import torch
+from hydra.utils import instantiate
+
+from mmtx.data.tokenizer import Tokenizer
+from mmtx.generation import GenerationConfig, generate
+from mmtx.metrics.vqa import build_answer_vocab, normalize_answer, soft_scores, vqa_accuracy
+from mmtx.tasks.base import Task
+from mmtx.tasks.gather import gather_unique
+from mmtx.tasks.optim import build_optimizer
+
+
+class VqaTask(Task):
+    """Trains a :class:`~mmtx.models.vqa.VqaClassifier` with BCE on the official soft scores
+    and reports the official VQA accuracy (overall and per answer type).
+
+    Args:
+        model: the classifier's config; the text stream's vocabulary and ``num_answers`` are
+            filled in from the tokenizer and the answer vocabulary.
+        tokenizer: the tokenizer as JSON text.
+        answers: the answer vocabulary (built from the training answers by :meth:`from_data`).
+        num_answers: how many of the most frequent training answers form the vocabulary
+            (ViLBERT: 3129).
+    """
+
+    data_arguments = ("answers",)  # built from the training data; restored from checkpoints
+
+    def __init__(
+        self, model: dict, tokenizer: str, answers: list[str] | None = None, num_answers: int = 3129,
+        lr: float = 5e-4, weight_decay: float = 0.05, betas: tuple[float, float] = (0.9, 0.98),
+        warmup_ratio: float = 0.05, min_lr_ratio: float = 0.01,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(logger=False)
+        self.tokenizer = tok = Tokenizer.from_str(tokenizer)
+        self.answers = list(answers or [])
+        self.answer_index = {a: i for i, a in enumerate(self.answers)}
+        self.model = instantiate(model, **self.model_arguments(tok))
+        self.val_outputs: list[dict[str, Any]] = []
+        self.metrics: dict[str, float] = {}
+
+    def model_arguments(self, tok: Tokenizer) -> dict[str, Any]:
+        if not self.answers:
+            raise ValueError("VqaTask needs an answer vocabulary (answers=[...]); the training data gives it")
+        return {"backbone": {"text": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}},
+                "num_answers": len(self.answers)}
+
+    @classmethod
+    def from_data(cls, datamodule: L.LightningDataModule, num_answers: int = 3129, **_: Any) -> dict[str, Any]:
+        """The answer vocabulary: the ``num_answers`` most frequent training answers."""
+        return {"answers": build_answer_vocab(datamodule.answers("train"), size=num_answers)}
+
+    def targets(self, answers: list[list[str]]) -> torch.Tensor:
+        """Soft scores (B, A): the official accuracy each vocabulary answer would get."""
+        out = torch.zeros(len(answers), len(self.answers), device=self.device)
+        for row, question_answers in enumerate(answers):
+            for answer, score in soft_scores(question_answers).items():
+                if answer in self.answer_index:
+                    out[row, self.answer_index[answer]] = score
+        return out
+
+    # --- training ------------------------------------------------------------------------------
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        loss = self.loss(batch)
+        B = batch["images"].shape[0]
+        self.log("train/loss", loss, prog_bar=True, batch_size=B)
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=B)
+        return loss
+
+    def loss(self, batch: dict[str, Any]) -> torch.Tensor:
+        logits = self.model(batch["images"], batch["input_ids"], batch["attention_mask"])
+        return self.model.loss(logits, self.targets(batch["answers"]))
+
+    def configure_optimizers(self) -> dict:
+        h = self.hparams
+        return build_optimizer(
+            self.model, lr=h.lr, weight_decay=h.weight_decay, betas=h.betas, warmup_ratio=h.warmup_ratio,
+            total_steps=self.trainer.estimated_stepping_batches, min_lr_ratio=h.min_lr_ratio,
+        )
+
+    # --- answering -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def answer(self, images: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor, k: int = 5
+               ) -> list[list[tuple[str, float]]]:
+        """The top ``k`` answers per question with their probabilities (sigmoid scores)."""
+        probs = self.model(images, input_ids, mask).float().sigmoid()
+        top = probs.topk(min(k, probs.shape[1]), dim=1)
+        return [[(self.answers[i], p) for i, p in zip(idx.tolist(), ps.tolist())]
+                for idx, ps in zip(top.indices, top.values)]
+
+    # --- validation ----------------------------------------------------------------------------
+    def on_validation_epoch_start(self) -> None:
+        self.val_outputs = []
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        B = batch["images"].shape[0]
+        if all(batch["answers"]):
+            self.log("val/loss", self.loss(batch), prog_bar=True, batch_size=B, sync_dist=True)
+        predicted = self.answer(batch["images"], batch["input_ids"], batch["attention_mask"], k=1)
+        for qid, top, answers, kind in zip(
+            batch["question_ids"].tolist(), predicted, batch["answers"], batch["answer_types"]
+        ):
+            self.val_outputs.append({"question_id": qid, "answer": top[0][0], "answers": answers, "answer_type": kind})
+
+    def on_validation_epoch_end(self) -> None:
+        outputs = gather_unique(self.val_outputs, key="question_id", strategy=self.trainer.strategy)
+        self.val_outputs = outputs
+        scored = [o for o in outputs if o["answers"]]
+        if self.trainer.sanity_checking or not scored:
+            return
+        self.metrics = vqa_accuracy(
+            {o["question_id"]: o["answer"] for o in scored},
+            {o["question_id"]: {"answers": o["answers"], "answer_type": o["answer_type"]} for o in scored},
+        )
+        self.log_dict({f"val/{k}": v for k, v in self.metrics.items()})
+
+    def predictions(self) -> list[dict[str, Any]]:
+        """The last evaluation's answers in the official results format."""
+        return [{"question_id": o["question_id"], "answer": o["answer"]} for o in self.val_outputs]
+
+    def baseline(self, datamodule: L.LightningDataModule) -> tuple[str, dict[str, float]]:
+        """The answer prior: the most frequent training answer for each question type."""
+        prior: dict[str | None, Counter] = defaultdict(Counter)
+        overall: Counter = Counter()
+        for rec in datamodule.records("train"):
+            if rec.answers:
+                best = Counter(normalize_answer(a) for a in rec.answers).most_common(1)[0][0]
+                prior[rec.question_type][best] += 1
+                overall[best] += 1
+        types = {r.question_id: r.question_type for r in datamodule.records("val")}
+        scored = [o for o in self.val_outputs if o["answers"]]
+        guess = {o["question_id"]: (prior.get(types.get(o["question_id"])) or overall).most_common(1)[0][0]
+                 for o in scored}
+        truth = {o["question_id"]: {"answers": o["answers"], "answer_type": o["answer_type"]} for o in scored}
+        return "most frequent training answer per question type", vqa_accuracy(guess, truth)
+
+
+class GenerativeVqaTask(VqaTask):
+    """Trains a :class:`~mmtx.models.vqa.VqaGenerator`: the shared decoder writes the answer
+    (the annotators' most frequent one, teacher-forced), so any answer can be produced."""
+
+    data_arguments = ()
+
+    def __init__(self, model: dict, tokenizer: str, generation: dict | None = None, **kwargs: Any) -> None:
+        super().__init__(model, tokenizer, **kwargs)
+        self.generation = GenerationConfig(**{"max_new_tokens": 8, **(generation or {})})
+
+    def model_arguments(self, tok: Tokenizer) -> dict[str, Any]:
+        return {"backbone": {"text": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}},
+                "decoder": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}}
+
+    @classmethod
+    def from_data(cls, datamodule: L.LightningDataModule, **_: Any) -> dict[str, Any]:
+        return {}
+
+    def loss(self, batch: dict[str, Any]) -> torch.Tensor:
+        best = [Counter(normalize_answer(a) for a in answers).most_common(1)[0][0] for answers in batch["answers"]]
+        answer_ids, _ = self.tokenizer.encode_batch(best, self.model.decoder.max_length)
+        return self.model.loss(
+            batch["images"], batch["input_ids"], batch["attention_mask"], answer_ids.to(self.device),
+            self.tokenizer.pad_id,
+        )
+
+    @torch.no_grad()
+    def answer(self, images: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor, k: int = 1
+               ) -> list[list[tuple[str, float]]]:
+        """The generated answer per question with its probability under the model."""
+        tok = self.tokenizer
+        context, context_mask = self.model.context(images, input_ids, mask)
+        ids = generate(self.model.decoder, context, context_mask=context_mask, bos_id=tok.bos_id,
+                       eos_id=tok.eos_id, pad_id=tok.pad_id, config=self.generation)
+        seq = torch.cat([torch.full_like(ids[:, :1], tok.bos_id), ids], dim=1)
+        logp = self.model.decoder(seq[:, :-1], context, context_mask=context_mask).float().log_softmax(-1)
+        token_logp = logp.gather(2, seq[:, 1:, None]).squeeze(2).masked_fill(ids == tok.pad_id, 0.0)
+        probs = token_logp.sum(1).exp().tolist()
+        return [[(text, p)] for text, p in zip(tok.decode_batch(ids.cpu()), probs)]
