@@ -17,3 +17,43 @@ def tiny_captioner(pos_embed: str = "learned", vocab: int = 40, seed: int = 0, s
             if p.ndim >= 2:
                 p.normal_(0, spread)
     return model
+
+
+def compose_train(overrides: list[str]):
+    """conf/train.yaml composed with ``overrides``, the ``hydra`` node included."""
+    from hydra import compose, initialize_config_dir
+
+    from mmtx.cli.common import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose(config_name="train", overrides=overrides, return_hydra_config=True)
+
+
+def train_in_process(overrides: list[str]) -> dict[str, float]:
+    """``mmtx.cli.train.train`` on a composed config, set up as ``@hydra.main`` would do it.
+
+    ``HydraConfig`` must hold the config for the ``${hydra:...}`` interpolations (``run_name``);
+    ``paths.output_dir`` (``${hydra:runtime.output_dir}``, which only a real Hydra run sets)
+    has to be among the overrides.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from mmtx.cli.train import train
+
+    cfg = compose_train(overrides)
+    HydraConfig.instance().set_config(cfg)
+    try:
+        with open_dict(cfg):
+            del cfg["hydra"]  # the app receives the job's config without the hydra node
+        return train(cfg)
+    finally:
+        HydraConfig.instance().cfg = None  # type: ignore[assignment]
+
+
+# a two-stream model of a few tens of thousands of parameters on 32-px images
+TINY_TWO_STREAM = [
+    "model.backbone.vision.dim=32", "model.backbone.vision.depth=1", "model.backbone.vision.num_heads=2",
+    "model.backbone.vision.patch_size=8", "model.backbone.text.dim=32", "model.backbone.text.depth=1",
+    "model.backbone.text.num_heads=2", "model.backbone.co_layers=1", "model.backbone.joint_dim=32",
+]  # fmt: skip

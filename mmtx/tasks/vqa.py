@@ -17,6 +17,16 @@ from mmtx.tasks.gather import gather_unique
 from mmtx.tasks.optim import build_optimizer
 
 
+def soft_targets(answers: list[list[str]], answer_index: dict[str, int]) -> torch.Tensor:
+    """Training targets (B, A): the official accuracy each vocabulary answer would get."""
+    out = torch.zeros(len(answers), len(answer_index))
+    for row, question_answers in enumerate(answers):
+        for answer, score in soft_scores(question_answers).items():
+            if answer in answer_index:
+                out[row, answer_index[answer]] = score
+    return out
+
+
 class VqaTask(Task):
     """Trains a :class:`~mmtx.models.vqa.VqaClassifier` with BCE on the official soft scores
     and reports the official VQA accuracy (overall and per answer type).
@@ -58,13 +68,7 @@ class VqaTask(Task):
         return {"answers": build_answer_vocab(datamodule.answers("train"), size=num_answers)}
 
     def targets(self, answers: list[list[str]]) -> torch.Tensor:
-        """Soft scores (B, A): the official accuracy each vocabulary answer would get."""
-        out = torch.zeros(len(answers), len(self.answers), device=self.device)
-        for row, question_answers in enumerate(answers):
-            for answer, score in soft_scores(question_answers).items():
-                if answer in self.answer_index:
-                    out[row, self.answer_index[answer]] = score
-        return out
+        return soft_targets(answers, self.answer_index).to(self.device)
 
     # --- training ------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:

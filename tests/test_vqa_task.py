@@ -1,0 +1,103 @@
+"""VQA and pretraining end to end: soft targets, tiny training runs, init_from transfer, mmtx-vqa."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmtx.checkpoint import load_task, read_checkpoint
+from mmtx.data.vqa import read_vqa
+from mmtx.metrics.vqa import soft_scores
+from mmtx.tasks.vqa import soft_targets
+from tests.helpers import TINY_TWO_STREAM, train_in_process
+
+TINY_DATA = ["data.image_size=32", "data.num_train=48", "data.num_val=16", "data.num_workers=0", "data.batch_size=16"]
+RUN = ["logger=csv", "trainer.max_epochs=1", "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny pretraining run, and VQA runs from scratch and from its checkpoint (one epoch each)."""
+    root = tmp_path_factory.mktemp("runs")
+    data = [*TINY_DATA, f"paths.data_dir={root / 'data'}"]
+    dirs = {name: root / name for name in ("pretrain", "vqa", "vqa_init", "caption_init")}
+    train_in_process(["experiment=pretrain_shapes", *TINY_TWO_STREAM, *data, *RUN, "task.retrieval_images=16",
+                      f"paths.output_dir={dirs['pretrain']}"])
+    pre_ckpt = dirs["pretrain"] / "checkpoints" / "last.ckpt"
+    train_in_process(["experiment=vqa_shapes", *TINY_TWO_STREAM, *data, *RUN, "task.num_answers=50",
+                      f"paths.output_dir={dirs['vqa']}"])
+    train_in_process(["experiment=vqa_shapes", *TINY_TWO_STREAM, *data, *RUN, "task.num_answers=50",
+                      f"init_from={pre_ckpt}", "trainer.max_steps=1", f"paths.output_dir={dirs['vqa_init']}"])
+    train_in_process(["model.encoder.dim=32", "model.encoder.depth=1", "model.encoder.num_heads=2",
+                      "model.encoder.patch_size=8", "model.decoder.dim=32", "model.decoder.depth=1",
+                      "model.decoder.num_heads=2", *data, *RUN, f"init_from={pre_ckpt}", "trainer.max_steps=1",
+                      "task.lr=1e-12", f"paths.output_dir={dirs['caption_init']}"])
+    return dirs
+
+
+def test_soft_targets_are_the_official_scores():
+    answers = [["2"] * 7 + ["3"] * 2 + ["two"], ["yes"] * 10]
+    targets = soft_targets(answers, {"2": 0, "3": 1, "yes": 2})
+    scores = soft_scores(answers[0])
+    assert targets[0].tolist() == pytest.approx([scores["2"], scores["3"], 0.0])
+    assert targets[1].tolist() == [0.0, 0.0, 1.0]
+
+
+def test_pretraining_run_reports_alignment_and_retrieval(runs):
+    summary = json.loads((runs["pretrain"] / "metrics.json").read_text())
+    assert set(summary["metrics"]) == {"itm_accuracy", "i2t_R@1", "i2t_R@5", "t2i_R@1", "t2i_R@5"}
+    assert summary["baseline"]["itm_accuracy"] == 50.0
+    assert summary["baseline"]["t2i_R@1"] == pytest.approx(100 / 16)
+    rows = (runs["pretrain"] / "csv" / "version_0" / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    for key in ("train/mlm_loss", "train/mpm_loss", "train/itm_loss", "train/itc_loss", "train/mlm_acc", "val/itm_accuracy"):
+        assert key in header
+
+
+def test_vqa_run_reports_official_accuracy(runs):
+    summary = json.loads((runs["vqa"] / "metrics.json").read_text())
+    assert set(summary["metrics"]) == {"accuracy", "yes/no", "number", "other"}
+    task = load_task(runs["vqa"] / "checkpoints" / "last.ckpt")
+    assert 0 < len(task.answers) <= 50 and "yes" in task.answers
+
+
+def test_init_from_loads_the_pretrained_weights(runs):
+    pre = read_checkpoint(runs["pretrain"] / "checkpoints" / "last.ckpt")["state_dict"]
+    vqa = load_task(runs["vqa_init"] / "checkpoints" / "last.ckpt")
+    # one step of fine-tuning moves the weights a little; before it they were the pretrained ones
+    name = "model.backbone.co_layers.0.text_cross.cross_attn.kv.weight"
+    moved = (vqa.state_dict()[name] - pre[name]).abs().max()
+    assert moved < 0.05 and not torch.equal(vqa.state_dict()[name], torch.zeros_like(pre[name]))
+    # the same tokenizer as the pretraining run (its embeddings index it)
+    assert vqa.tokenizer.to_str() == load_task(runs["pretrain"] / "checkpoints" / "last.ckpt").tokenizer.to_str()
+    # a captioner takes the vision stream as its image encoder (trained with lr ~ 0: unchanged)
+    cap = load_task(runs["caption_init"] / "checkpoints" / "last.ckpt").state_dict()
+    for key in ("encoder.blocks.0.attn.qkv.weight", "encoder.patch_embed.proj.weight", "encoder.pos_embed"):
+        torch.testing.assert_close(cap["model." + key], pre["model.backbone.vision." + key.removeprefix("encoder.")],
+                                   atol=1e-6, rtol=0)
+
+
+@pytest.mark.slow
+def test_mmtx_vqa_answers_one_image_and_a_file(cli, runs, tmp_path: Path):
+    ckpt = runs["vqa"] / "checkpoints" / "last.ckpt"
+    data_root = next((runs["vqa"].parent / "data").glob("shapes-vqa-*"))
+    image = sorted((data_root / "val").glob("*.png"))[0]
+    one = cli.run("mmtx-vqa", f"ckpt={ckpt}", f"image={image}", "question=how many shapes are there?",
+                  "top_k=3", cwd=tmp_path)
+    lines = one.stdout.strip().splitlines()
+    assert len(lines) == 3
+    scores = [float(line.split("\t")[0]) for line in lines]
+    assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)
+    out = tmp_path / "answers.json"
+    cli.run("mmtx-vqa", f"ckpt={ckpt}", f"questions={data_root / 'questions_val.json'}",
+            f"images={data_root / 'val'}", f"predictions={out}", cwd=tmp_path)
+    predictions = json.loads(out.read_text())
+    questions = read_vqa(data_root / "questions_val.json", None, data_root / "val")
+    assert [p["question_id"] for p in predictions] == [q.question_id for q in questions]
+    assert all(isinstance(p["answer"], str) and p["answer"] for p in predictions)
+    wrong = cli.run("mmtx-vqa", f"ckpt={runs['pretrain'] / 'checkpoints' / 'last.ckpt'}", f"image={image}",
+                    "question=what?", cwd=tmp_path, check=False)
+    assert wrong.returncode != 0 and "not a VQA one" in wrong.stderr
