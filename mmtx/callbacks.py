@@ -10,11 +10,11 @@ class LogCaptionSamples(L.Callback):
     """After each validation, log a W&B table of images with predicted and reference captions.
 
     Reads the samples the task keeps (``pl_module.samples``: image, prediction, references);
-    does nothing for loggers other than W&B.
+    does nothing for tasks that keep none or for loggers other than W&B.
     """
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        samples = getattr(pl_module, "samples", None)
+        samples = pl_module.samples
         loggers = [lg for lg in trainer.loggers if isinstance(lg, WandbLogger)]
         if trainer.sanity_checking or not samples or not loggers or not trainer.is_global_zero:
             return

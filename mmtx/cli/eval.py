@@ -22,7 +22,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         raise CheckpointError(f"{cfg.ckpt} records no data set: choose one, e.g. data=coco data.val.annotations=...")
     trained = (task.data_config or {}).get("image_size")
     data_cfg["image_size"] = cfg.image_size or trained or data_cfg.get("image_size")
-    if hasattr(task, "generation"):  # tasks that generate text: captioning, generative VQA
+    if task.generation is not None:  # tasks that write text: captioning, generative VQA
         task.generation = generation_override(task.generation, cfg.generation)
 
     datamodule = instantiate(data_cfg)

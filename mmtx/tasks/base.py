@@ -7,6 +7,7 @@ from typing import Any
 import lightning as L
 
 from mmtx.checkpoint import DATA_KEY, TASK_KEY
+from mmtx.generation import GenerationConfig
 
 
 class Task(L.LightningModule):
@@ -20,6 +21,8 @@ class Task(L.LightningModule):
     # checkpoint name prefix -> this task's, for init_from (e.g. a pretrained vision stream)
     init_renames: dict[str, str] = {}
     metrics: dict[str, float]  # the last validation's metrics (every task keeps them)
+    generation: GenerationConfig | None = None  # decoding settings, for tasks that write text
+    samples: list[dict[str, Any]] | None = None  # validation examples for loggers to show
 
     # constructor arguments that come from the training data (e.g. an answer vocabulary): made by
     # ``from_data`` for a new run, read back from the checkpoint when resuming
