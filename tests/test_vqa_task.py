@@ -101,3 +101,49 @@ def test_mmtx_vqa_answers_one_image_and_a_file(cli, runs, tmp_path: Path):
     wrong = cli.run("mmtx-vqa", f"ckpt={runs['pretrain'] / 'checkpoints' / 'last.ckpt'}", f"image={image}",
                     "question=what?", cwd=tmp_path, check=False)
     assert wrong.returncode != 0 and "not a VQA one" in wrong.stderr
+
+
+def tiny_generator():
+    from mmtx.models import CaptionDecoder, TextEncoder, VisionEncoder
+    from mmtx.models.two_stream import TwoStreamModel
+    from mmtx.models.vqa import VqaGenerator
+
+    torch.manual_seed(0)
+    backbone = TwoStreamModel(
+        VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2),
+        TextEncoder(40, dim=24, depth=1, num_heads=2, max_length=12), co_layers=1, joint_dim=32,
+    )
+    return VqaGenerator(backbone, CaptionDecoder(40, context_dim=32, dim=32, depth=1, num_heads=2, max_length=8))
+
+
+def test_generative_vqa_ignores_question_padding_and_learns():
+    from mmtx.generation import GenerationConfig, generate
+
+    model = tiny_generator().eval()
+    images = torch.randn(3, 3, 32, 32)
+    question = torch.randint(7, 40, (3, 9))
+    mask = torch.ones(3, 9, dtype=torch.bool)
+    mask[:, 6:] = False
+    other = question.clone()
+    other[:, 6:] = torch.randint(7, 40, (3, 3))  # different tokens where the mask says padding
+    with torch.no_grad():
+        for p in model.decoder.parameters():
+            p.normal_(0, 0.3)
+    outs = []
+    for q in (question, other):
+        context, context_mask = model.context(images, q, mask)
+        for cache in (True, False):
+            outs.append(generate(model.decoder, context, context_mask=context_mask, bos_id=1, eos_id=2, pad_id=0,
+                                 config=GenerationConfig(max_new_tokens=6, num_beams=2, use_cache=cache)))
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+    model = tiny_generator().train()
+    answers = torch.tensor([[1, 9, 2, 0], [1, 10, 11, 2], [1, 12, 2, 0]])
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    first = model.loss(images, question, mask, answers, pad_id=0).item()
+    for _ in range(30):
+        loss = model.loss(images, question, mask, answers, pad_id=0)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.3 * first
