@@ -36,4 +36,6 @@ def wandb_logger(
     if mode == "auto":
         mode = os.environ.get("WANDB_MODE") or ("online" if wandb_credentials() else "offline")
     Path(save_dir).mkdir(parents=True, exist_ok=True)
+    # keep W&B's staging files (e.g. the images of logged tables) with the run, not in ~/.local
+    os.environ.setdefault("WANDB_DATA_DIR", str(Path(save_dir) / "wandb"))
     return WandbLogger(project=project, save_dir=save_dir, offline=mode == "offline", mode=mode, **kwargs)

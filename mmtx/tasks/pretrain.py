@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -21,7 +22,7 @@ from mmtx.tasks.optim import build_optimizer
 class PretrainTask(Task):
     """Pretrains a :class:`TwoStreamPretrainer` on image-caption pairs.
 
-    Validation reports each loss, MLM and alignment accuracy (half the pairs get another
+    Validation reports each loss, MLM and alignment accuracy (half the pairs get a random other
     image's caption, with a fixed seed), and zero-shot retrieval recall over the first
     ``retrieval_images`` validation images and all their captions.
 
@@ -80,7 +81,9 @@ class PretrainTask(Task):
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         images, B = batch["images"], batch["images"].shape[0]
         gen = torch.Generator(device=images.device).manual_seed(1000 + batch_idx)  # same negatives every time
-        out = self.model(images, batch["input_ids"], batch["attention_mask"], batch["image_ids"], self.objectives, gen)
+        # alignment is scored as in ViLBERT: against random other captions (chance = 50%)
+        objectives = dataclasses.replace(self.objectives, hard_negatives=False)
+        out = self.model(images, batch["input_ids"], batch["attention_mask"], batch["image_ids"], objectives, gen)
         self._log_losses(out, "val", B)
         if "itm_acc" in out:
             self.log("val/itm_accuracy", 100 * out["itm_acc"], batch_size=B, sync_dist=True)

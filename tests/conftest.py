@@ -1,0 +1,102 @@
+"""Shared fixtures: a hermetic environment for the command-line apps and tiny run settings."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# A captioner of ~40k parameters on 32-px shapes scenes: trains in seconds on a CPU.
+TINY_MODEL = [
+    "model.encoder.dim=32", "model.encoder.depth=1", "model.encoder.num_heads=2",
+    "model.encoder.patch_size=8",
+    "model.decoder.dim=32", "model.decoder.depth=1", "model.decoder.num_heads=2",
+]  # fmt: skip
+TINY_DATA = ["data.image_size=32", "data.num_train=64", "data.num_val=20", "data.num_workers=0"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _hermetic_env(tmp_path_factory: pytest.TempPathFactory):
+    """W&B offline and silent, its caches and the default data directory in a temporary folder.
+
+    Set in ``os.environ`` so that in-process runs and the command-line apps started as
+    subprocesses (which inherit it) see the same settings; restored after the session.
+    """
+    home = tmp_path_factory.mktemp("env")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "offline")
+        mp.setenv("WANDB_SILENT", "true")
+        for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+            mp.setenv(var, str(home / var.lower()))
+        mp.setenv("MMTX_DATA_DIR", str(home / "data"))  # where paths.data_dir points unless overridden
+        mp.delenv("WANDB_API_KEY", raising=False)
+        mp.delenv("HYDRA_FULL_ERROR", raising=False)  # error messages as users see them
+        yield
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder for generated data sets: the tiny shapes scenes are drawn once per session."""
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="session")
+def tiny(data_dir: Path) -> list[str]:
+    """Overrides for a tiny, fast ``mmtx-train`` run whose data lives under ``data_dir``."""
+    return [*TINY_MODEL, *TINY_DATA, f"paths.data_dir={data_dir}", "trainer.enable_progress_bar=false"]
+
+
+class CLI:
+    """Runs the installed console scripts (``mmtx-train`` ...) as a user would, in a subprocess."""
+
+    @staticmethod
+    def script(name: str) -> str:
+        """The console script ``name`` of the running interpreter's environment."""
+        sibling = Path(sys.executable).with_name(name)
+        found = str(sibling) if sibling.is_file() else shutil.which(name)
+        if found is None:
+            pytest.fail(f"console script {name} is not installed (pip install -e .)")
+        return found
+
+    @staticmethod
+    def describe(result: subprocess.CompletedProcess) -> str:
+        """The command and the end of its output, for assertion messages."""
+        return (
+            f"$ {' '.join(map(str, result.args))}\nexit code {result.returncode}\n"
+            f"--- stdout ---\n{result.stdout[-4000:]}\n--- stderr ---\n{result.stderr[-4000:]}"
+        )
+
+    def run(self, name: str, *args: object, cwd: Path, check: bool = True, timeout: float = 300):
+        """Run ``name args`` in ``cwd``; with ``check``, fail (showing the output) unless it exits 0."""
+        return self.run_many((name, *args), cwd=cwd, check=check, timeout=timeout)[0]
+
+    def run_many(self, *commands: tuple, cwd: Path, check: bool = True, timeout: float = 300):
+        """Run several ``(name, *args)`` commands at once (mostly start-up and Java time); results in order."""
+        procs = [
+            subprocess.Popen(
+                [self.script(name), *map(str, args)], cwd=cwd, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True, env=os.environ.copy(),
+            )
+            for name, *args in commands
+        ]
+        results = []
+        for proc in procs:
+            try:
+                out, err = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+        if check:
+            for result in results:
+                assert result.returncode == 0, self.describe(result)
+        return results
+
+
+@pytest.fixture(scope="session")
+def cli() -> CLI:
+    return CLI()
