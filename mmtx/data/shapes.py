@@ -16,14 +16,10 @@ an image for tests and for generating VQA questions.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
-import secrets
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +30,7 @@ from PIL import Image, ImageDraw
 from tqdm import tqdm
 
 from mmtx.data.captions import CaptionRecord, write_coco_captions
+from mmtx.data.generated import build_once
 
 log = logging.getLogger(__name__)
 
@@ -207,21 +204,12 @@ def generate_shapes(
         "captions_per_image": captions_per_image,
     }
     layout = {split: (root / f"captions_{split}.json", root / split) for split in ("train", "val")}
-    if _read_meta(root) == meta and _complete(layout):
+    start = time.perf_counter()
+    files = [path for paths in layout.values() for path in paths]
+    if build_once(root, meta, files, lambda staging: _build(staging, meta), "shapes data set"):
+        log.info("wrote %d shapes images to %s in %.1f s", num_train + num_val, root, time.perf_counter() - start)
+    else:
         log.info("reusing shapes data set at %s", root)
-        return layout
-    _check_replaceable(root)
-
-    root.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
-    try:
-        start = time.perf_counter()
-        _build(staging, meta)
-        elapsed = time.perf_counter() - start
-        _install(staging, root, meta, layout)
-        log.info("wrote %d shapes images to %s in %.1f s", num_train + num_val, root, elapsed)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)  # gone already after a successful install
     return layout
 
 
@@ -327,45 +315,3 @@ def _build(staging: Path, meta: dict[str, Any]) -> None:
             info = {"description": f"mmtx shapes scenes, {split} split", "version": _FORMAT_VERSION}
             annotations = staging / f"captions_{split}.json"
             write_coco_captions(records, annotations, images_dir, sizes=sizes, info=info)
-    (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-
-
-def _install(staging: Path, root: Path, meta: dict[str, Any], layout: dict[str, tuple[Path, Path]]) -> None:
-    """Move the finished `staging` directory to `root`, replacing an old shapes data set."""
-    if _read_meta(root) == meta and _complete(layout):
-        return  # another process finished the same data set first
-    _check_replaceable(root)
-    stale = None
-    if root.is_dir() and any(root.iterdir()):
-        stale = root.with_name(f".{root.name}.stale-{secrets.token_hex(4)}")
-        os.replace(root, stale)
-    elif root.is_dir():
-        root.rmdir()
-    os.replace(staging, root)
-    if stale is not None:
-        shutil.rmtree(stale, ignore_errors=True)
-
-
-def _read_meta(root: Path) -> dict[str, Any] | None:
-    """The parsed ``meta.json`` of a shapes data set at `root`, or None if there is none."""
-    try:
-        meta = json.loads((root / "meta.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return meta if isinstance(meta, dict) and meta.get("format") == _FORMAT else None
-
-
-def _complete(layout: dict[str, tuple[Path, Path]]) -> bool:
-    return all(annotations.is_file() and images.is_dir() for annotations, images in layout.values())
-
-
-def _check_replaceable(root: Path) -> None:
-    """Refuse to replace anything but nothing, an empty directory or a shapes data set."""
-    if not root.exists():
-        return
-    if not root.is_dir():
-        raise FileExistsError(f"{root} exists and is not a directory; cannot write a shapes data set there")
-    if any(root.iterdir()) and _read_meta(root) is None:
-        raise FileExistsError(
-            f"{root} is a non-empty directory without a shapes meta.json; refusing to overwrite it"
-        )

@@ -19,20 +19,17 @@ official accuracy serve it like the real data set.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
-import secrets
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
+from mmtx.data.generated import build_once
 from mmtx.data.shapes import COLORS, KINDS, SIZES, Scene, draw_scene
 from mmtx.data.vqa import VqaRecord, write_vqa
 
@@ -138,19 +135,11 @@ def generate_shapes_vqa(
         split: (root / f"questions_{split}.json", root / f"annotations_{split}.json", root / split)
         for split in ("train", "val")
     }
-    if _read_meta(root) == meta and _complete(layout):
-        log.info("reusing shapes VQA data set at %s", root)
-        return layout
-    _check_replaceable(root)
-
-    root.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
-    try:
-        _build(staging, meta)
-        _install(staging, root, meta, layout)
+    files = [path for paths in layout.values() for path in paths]
+    if build_once(root, meta, files, lambda staging: _build(staging, meta), "shapes VQA data set"):
         log.info("wrote %d shapes VQA images to %s", num_train + num_val, root)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)  # gone already after a successful install
+    else:
+        log.info("reusing shapes VQA data set at %s", root)
     return layout
 
 
@@ -268,45 +257,3 @@ def _build(staging: Path, meta: dict[str, Any]) -> None:
                 bar.update()
             write_vqa(records, staging / f"questions_{split}.json", staging / f"annotations_{split}.json",
                       data_subtype=f"shapes_{split}")
-    (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-
-
-def _install(staging: Path, root: Path, meta: dict[str, Any], layout: dict[str, tuple[Path, Path, Path]]) -> None:
-    """Move the finished `staging` directory to `root`, replacing an old shapes VQA data set."""
-    if _read_meta(root) == meta and _complete(layout):
-        return  # another process finished the same data set first
-    _check_replaceable(root)
-    stale = None
-    if root.is_dir() and any(root.iterdir()):
-        stale = root.with_name(f".{root.name}.stale-{secrets.token_hex(4)}")
-        os.replace(root, stale)
-    elif root.is_dir():
-        root.rmdir()
-    os.replace(staging, root)
-    if stale is not None:
-        shutil.rmtree(stale, ignore_errors=True)
-
-
-def _read_meta(root: Path) -> dict[str, Any] | None:
-    """The parsed ``meta.json`` of a shapes VQA data set at `root`, or None if there is none."""
-    try:
-        meta = json.loads((root / "meta.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return meta if isinstance(meta, dict) and meta.get("format") == _FORMAT else None
-
-
-def _complete(layout: dict[str, tuple[Path, Path, Path]]) -> bool:
-    return all(q.is_file() and a.is_file() and images.is_dir() for q, a, images in layout.values())
-
-
-def _check_replaceable(root: Path) -> None:
-    """Refuse to replace anything but nothing, an empty directory or a shapes VQA data set."""
-    if not root.exists():
-        return
-    if not root.is_dir():
-        raise FileExistsError(f"{root} exists and is not a directory; cannot write a shapes VQA data set there")
-    if any(root.iterdir()) and _read_meta(root) is None:
-        raise FileExistsError(
-            f"{root} is a non-empty directory without a shapes VQA meta.json; refusing to overwrite it"
-        )
