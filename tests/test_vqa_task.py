@@ -147,3 +147,25 @@ def test_generative_vqa_ignores_question_padding_and_learns():
         loss.backward()
         opt.step()
     assert loss.item() < 0.3 * first
+
+
+@pytest.mark.slow
+def test_mmtx_eval_on_pretraining_and_vqa_checkpoints(cli, runs, tmp_path: Path):
+    pre, vqa = (runs[name] / "checkpoints" / "last.ckpt" for name in ("pretrain", "vqa"))
+    cli.run_many(
+        ("mmtx-eval", f"ckpt={pre}", f"output={tmp_path / 'pre.json'}", f"predictions={tmp_path / 'pre_pred.json'}"),
+        ("mmtx-eval", f"ckpt={vqa}", f"output={tmp_path / 'vqa.json'}", f"predictions={tmp_path / 'vqa_pred.json'}"),
+        cwd=tmp_path,
+    )
+    pre_metrics = json.loads((tmp_path / "pre.json").read_text())
+    assert set(pre_metrics) == {"itm_accuracy", "i2t_R@1", "i2t_R@5", "t2i_R@1", "t2i_R@5"}
+    assert all(0 <= v <= 100 for v in pre_metrics.values())
+    assert not (tmp_path / "pre_pred.json").exists()  # retrieval has no official results file
+    vqa_metrics = json.loads((tmp_path / "vqa.json").read_text())
+    assert set(vqa_metrics) == {"accuracy", "yes/no", "number", "other"}
+    predictions = json.loads((tmp_path / "vqa_pred.json").read_text())
+    val = load_task(vqa).data_config
+    data_root = Path(val["root"])
+    questions = read_vqa(data_root / "questions_val.json", None, data_root / "val")
+    assert sorted(p["question_id"] for p in predictions) == sorted(q.question_id for q in questions)
+    assert all(set(p) == {"question_id", "answer"} and isinstance(p["answer"], str) for p in predictions)
