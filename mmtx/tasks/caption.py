@@ -122,7 +122,7 @@ class CaptionTask(Task):
             refs = {o["image_id"]: o["references"] for o in outputs if o["references"]}
             metrics = caption_metrics(preds, refs)
         self.metrics = self.trainer.strategy.broadcast(metrics)
-        self.log_dict({f"val/{k}": v for k, v in self.metrics.items()}, sync_dist=False, rank_zero_only=False)
+        self.log_dict({f"val/{k}": v for k, v in self.metrics.items()}, sync_dist=True)  # equal on every rank
         self.val_outputs = outputs  # all ranks' predictions, each image once
 
 

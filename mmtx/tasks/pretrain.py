@@ -105,7 +105,7 @@ class PretrainTask(Task):
             metrics.update(self.retrieval(items))
         metrics = self.trainer.strategy.broadcast(metrics)
         self.metrics = metrics
-        self.log_dict({f"val/{k}": v for k, v in metrics.items() if k != "itm_accuracy"}, rank_zero_only=True)
+        self.log_dict({f"val/{k}": v for k, v in metrics.items() if k != "itm_accuracy"}, sync_dist=True)
 
     @torch.no_grad()
     def retrieval(self, items: list[dict[str, Any]]) -> dict[str, float]:

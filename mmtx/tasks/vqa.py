@@ -123,7 +123,7 @@ class VqaTask(Task):
             {o["question_id"]: o["answer"] for o in scored},
             {o["question_id"]: {"answers": o["answers"], "answer_type": o["answer_type"]} for o in scored},
         )
-        self.log_dict({f"val/{k}": v for k, v in self.metrics.items()})
+        self.log_dict({f"val/{k}": v for k, v in self.metrics.items()}, sync_dist=True)  # equal on every rank
 
     def predictions(self) -> list[dict[str, Any]]:
         """The last evaluation's answers in the official results format."""
