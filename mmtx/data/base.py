@@ -13,6 +13,15 @@ from mmtx.data.transforms import build_transforms
 SPLITS = ("train", "val", "test")
 
 
+def split_files(splits: dict[str, dict | None], split: str, needed: tuple[str, ...]) -> dict:
+    """The files config ``data.<split>`` with every key of ``needed`` set, else a clear error."""
+    files = splits.get(split) or {}
+    missing = [k for k in needed if not files.get(k)]
+    if missing:
+        raise ValueError(f"data.{split}.{missing[0]} is not set (needed to read the {split} split)")
+    return files
+
+
 class ImageTextDataModule(L.LightningDataModule):
     """Batches of images with text, read from per-split records.
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from mmtx.data.base import ImageTextDataModule
+from mmtx.data.base import ImageTextDataModule, split_files
 from mmtx.data.captions import CaptionRecord, read_coco_captions, read_karpathy
 from mmtx.data.images import load_image
 from mmtx.data.shapes import generate_shapes
@@ -125,10 +125,7 @@ class CocoCaptions(CaptionDataModule):
         return bool(files and files.get("annotations"))
 
     def load_records(self, split: str) -> list[CaptionRecord]:
-        files = self.splits.get(split) or {}
-        missing = [k for k in ("annotations", "images") if not files.get(k)]
-        if missing:
-            raise ValueError(f"data.{split}.{missing[0]} is not set (needed to read the {split} split)")
+        files = split_files(self.splits, split, ("annotations", "images"))
         return read_coco_captions(files["annotations"], files["images"])
 
 

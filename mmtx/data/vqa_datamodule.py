@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from mmtx.data.base import ImageTextDataModule
+from mmtx.data.base import ImageTextDataModule, split_files
 from mmtx.data.images import load_image
 from mmtx.data.shapes_vqa import generate_shapes_vqa
 from mmtx.data.tokenizer import Tokenizer
@@ -116,9 +116,6 @@ class VqaV2(VqaDataModule):
         return bool(files and files.get("questions"))
 
     def load_records(self, split: str) -> list[VqaRecord]:
-        files = self.splits.get(split) or {}
         needed = ("questions", "images") if split == "test" else ("questions", "annotations", "images")
-        missing = [k for k in needed if not files.get(k)]
-        if missing:
-            raise ValueError(f"data.{split}.{missing[0]} is not set (needed to read the {split} split)")
+        files = split_files(self.splits, split, needed)
         return read_vqa(files["questions"], files.get("annotations"), files["images"])
