@@ -1,9 +1,16 @@
-"""Callbacks that show what the model does, beyond scalar metrics."""
+"""Callbacks: samples for the loggers, and what a long run does about bad steps and preemption."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+from typing import Any
+
 import lightning as L
+import torch
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_warn
 
 
 class LogCaptionSamples(L.Callback):
@@ -29,3 +36,113 @@ class LogCaptionSamples(L.Callback):
                 key="val/samples", columns=["image", "prediction", "references"], data=rows,
                 step=trainer.global_step,
             )
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN or infinite loss (the weights were left as they were)."""
+
+
+class NonFiniteLoss(L.Callback):
+    """What to do when the loss is NaN or infinite: ``stop`` the run, or ``skip`` the update.
+
+    ``stop`` raises before the backward pass, so the weights and every checkpoint already
+    written stay as they were (none is written from the bad step). ``skip`` throws the step's
+    gradients away (with gradient accumulation, the whole accumulated step) and goes on,
+    counting the skipped steps. In data-parallel runs every process takes the same decision.
+    """
+
+    def __init__(self, action: str = "stop") -> None:
+        if action not in ("stop", "skip"):
+            raise ValueError(f"callbacks.nonfinite_loss.action={action!r}: expected 'stop' or 'skip'")
+        self.action = action
+        self.skipped = 0
+        self._discard = False
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
+        finite = trainer.strategy.reduce_boolean_decision(bool(torch.isfinite(loss).all()), all=True)
+        if finite:
+            return
+        if self.action == "skip":
+            self._discard = True
+            return
+        saved = [
+            path for cb in trainer.checkpoint_callbacks
+            for path in (getattr(cb, "last_model_path", ""), getattr(cb, "best_model_path", ""))
+            if path and os.path.exists(path)
+        ]
+        raise NonFiniteLossError(
+            f"non-finite loss ({loss.detach().float().item()}) at step {trainer.global_step}, epoch "
+            f"{trainer.current_epoch}; the weights were not updated. Last checkpoint: "
+            f"{max(saved, key=os.path.getmtime) if saved else 'none saved yet'}. Lower the learning rate or "
+            "check the data; callbacks.nonfinite_loss.action=skip skips such steps instead."
+        )
+
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        if self._discard:
+            optimizer.zero_grad(set_to_none=True)  # parameters without gradients are not updated
+            self._discard = False
+            self.skipped += 1
+            rank_zero_warn(f"step {trainer.global_step}: non-finite loss, update skipped ({self.skipped} so far)")
+            pl_module.log("train/skipped_steps", float(self.skipped), rank_zero_only=True)
+
+
+class Preempted(Exception):
+    """The run was asked to stop by a signal; its state was saved to ``path`` first."""
+
+    def __init__(self, signum: int, step: int, path: str) -> None:
+        self.signum, self.step, self.path = signum, step, path
+        name = signal.Signals(signum).name
+        super().__init__(f"stopped by {name} at step {step}; saved {path} (resume with ckpt_path={path})")
+
+
+class Preemption(L.Callback):
+    """On SIGTERM or SIGUSR1 (a scheduler's notice before it kills a job), save and stop.
+
+    The signal handler only takes note; at the end of the current training step every process
+    agrees to stop, ``path`` (normally ``last.ckpt``) is written with the full training state and
+    :class:`Preempted` is raised, so the job exits within one step of the notice. Resuming from
+    ``path`` continues exactly where it stopped.
+    """
+
+    def __init__(self, path: str, signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1")) -> None:
+        unknown = [s for s in signals if not isinstance(getattr(signal, s, None), signal.Signals)]
+        if unknown:
+            raise ValueError(f"callbacks.preemption.signals: unknown signal(s) {unknown}")
+        self.path, self.signals = path, tuple(signals)
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+        self._launcher: Any = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # after Lightning's own handlers are installed (they would only stop at the epoch's end)
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self.received, self._launcher = None, trainer.strategy.launcher
+        for name in self.signals:
+            sig = getattr(signal, name)
+            self._previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, self._note)
+
+    def _note(self, signum: int, frame: Any) -> None:
+        if self.received is None and self._launcher is not None and hasattr(self._launcher, "kill"):
+            self._launcher.kill(signum)  # processes this one started (Lightning's DDP launcher)
+        self.received = signum
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if not trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):
+            return
+        trainer.save_checkpoint(self.path)
+        raise Preempted(self.received or signal.SIGTERM, trainer.global_step, self.path)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restore()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,8 @@ import lightning as L
 import torch
 from hydra.utils import get_class
 from torch import nn
+
+from mmtx.data.bad_data import listing
 
 log = logging.getLogger(__name__)
 
@@ -22,17 +25,50 @@ class CheckpointError(RuntimeError):
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint's plain contents without executing code from it (``weights_only=True``)."""
+    """Load a checkpoint's plain contents without executing code from it (``weights_only=True``).
+
+    Raises:
+        CheckpointError: the file is missing, empty, truncated, not a PyTorch checkpoint, or
+            holds Python objects other than plain data and tensors; the message says which.
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path}: the checkpoint file is empty")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, pickle with code, foreign format ...
-        raise CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from e
+        raise CheckpointError(_unreadable(path, e)) from e
     if not isinstance(ckpt, dict):
         raise CheckpointError(f"{path} is not a checkpoint (it holds a {type(ckpt).__name__})")
     return ckpt
+
+
+def _unreadable(path: Path, error: Exception) -> str:
+    """Why torch.load failed on ``path``, in words (torch's own message advises unsafe loading)."""
+    with path.open("rb") as f:
+        head = f.read(512)
+    if head.startswith(b"PK\x03\x04"):
+        reason = str(error).split(". ")[0]
+        return f"{path} is truncated or corrupt: its zip archive cannot be read ({reason}); copy or save it again"
+    if b"\0" not in head and _is_text(head):
+        return f"{path} is a text file, not a PyTorch checkpoint"
+    if isinstance(error, pickle.UnpicklingError):
+        detail = str(error).split("WeightsUnpickler error:")[-1].split("Check the documentation")[0].strip()
+        return (
+            f"{path} is not a checkpoint mmtx can load safely: weights_only=True refused it ({detail}); "
+            "it is another kind of pickle or file, and mmtx never runs code from a checkpoint"
+        )
+    return f"{path} is not a PyTorch checkpoint ({type(error).__name__}: {error})"
+
+
+def _is_text(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start > len(data) - 4  # a character cut at the end of the sample
+    return True
 
 
 def task_class(ckpt: dict[str, Any], path: str | Path) -> type[L.LightningModule]:
@@ -40,7 +76,10 @@ def task_class(ckpt: dict[str, Any], path: str | Path) -> type[L.LightningModule
     name = ckpt.get(TASK_KEY)
     if not isinstance(name, str) or not name.startswith("mmtx.tasks."):
         raise CheckpointError(f"{path} was not written by an mmtx task (no valid '{TASK_KEY}' entry)")
-    return get_class(name)
+    try:
+        return get_class(name)
+    except Exception as e:  # renamed or removed since the checkpoint was written
+        raise CheckpointError(f"{path} was written by {name}, which this mmtx does not have ({e})") from e
 
 
 def load_task(path: str | Path, map_location: str | torch.device = "cpu") -> L.LightningModule:
@@ -51,14 +90,95 @@ def load_task(path: str | Path, map_location: str | torch.device = "cpu") -> L.L
 def task_from_checkpoint(ckpt: dict[str, Any], path: str | Path) -> L.LightningModule:
     """The task that wrote the already-read checkpoint ``ckpt``, with its weights."""
     cls = task_class(ckpt, path)
-    task = cls(**ckpt.get("hyper_parameters", {}))
-    missing, unexpected = task.load_state_dict(ckpt["state_dict"], strict=False)
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{path} does not match {cls.__name__}: missing {missing[:5]}, unexpected {unexpected[:5]}"
-        )
+    hparams, state = _entry(ckpt, "hyper_parameters", path), _entry(ckpt, "state_dict", path)
+    try:
+        task = cls(**hparams)
+    except Exception as e:
+        raise CheckpointError(f"{path}: cannot rebuild {cls.__name__} from its hyper_parameters: {e}") from e
+    mismatched = _shape_mismatches(task.state_dict(), state)
+    if mismatched:
+        raise CheckpointError(f"{path} does not match {cls.__name__}:\n{listing(mismatched)}")
+    task.load_state_dict(state)
     task.data_config = ckpt.get(DATA_KEY)
     return task
+
+
+def check_resume(path: str | Path, task_target: str, model: dict[str, Any]) -> None:
+    """Refuse to resume from ``path`` with a task or a model config its weights do not fit.
+
+    The checkpoint's task class must be ``task_target``; the task is rebuilt with ``model`` on
+    the meta device (no memory, no time) and its tensor names and shapes compared with the
+    checkpoint's. A mismatch names the model config keys that differ from the checkpoint's and
+    the tensors that do not fit, instead of Lightning's size-mismatch traceback. Other changed
+    settings (say dropout) are allowed, and logged.
+    """
+    ckpt = read_checkpoint(path)
+    cls = task_class(ckpt, path)
+    written = f"{cls.__module__}.{cls.__qualname__}"
+    if written != task_target:
+        raise CheckpointError(
+            f"cannot resume from {path}: it was written by {written}, but the config trains {task_target}; "
+            "choose the checkpoint's task, or start a new run from its weights with init_from="
+        )
+    hparams, state = _entry(ckpt, "hyper_parameters", path), _entry(ckpt, "state_dict", path)
+    changed = _differences(hparams.get("model"), model, "model")
+    try:
+        with torch.device("meta"):
+            task = cls(**{**hparams, "model": model})
+    except Exception as e:
+        raise CheckpointError(
+            f"cannot resume from {path}: its task does not build with this model config ({e}); "
+            f"the config differs from the checkpoint's in:\n{listing(changed)}"
+        ) from e
+    mismatched = _shape_mismatches(task.state_dict(), state)
+    if mismatched:
+        raise CheckpointError(
+            f"cannot resume from {path}: the model config differs from the checkpoint's in:\n"
+            f"{listing(changed) or '  (no key: the data or tokenizer changed the sizes)'}\n"
+            f"so {len(mismatched)} tensor(s) do not fit:\n{listing(mismatched, 5)}\n"
+            f"Resume with the checkpoint's model settings, or start a new run from its weights with init_from={path}"
+        )
+    if changed:
+        log.warning("resuming from %s with changed model settings:\n%s", path, listing(changed))
+
+
+def _entry(ckpt: dict[str, Any], key: str, path: str | Path) -> dict[str, Any]:
+    value = ckpt.get(key)
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path} is not a complete mmtx checkpoint: no '{key}' entry")
+    return value
+
+
+def _shape_mismatches(own: dict[str, torch.Tensor], saved: dict[str, Any]) -> list[str]:
+    """Tensors missing from either side or of different shapes, one line each."""
+    lines = []
+    for name in sorted(set(own) | set(saved)):
+        if name not in saved:
+            lines.append(f"{name}: not in the checkpoint")
+        elif name not in own:
+            lines.append(f"{name}: in the checkpoint, not in the model")
+        elif not isinstance(saved[name], torch.Tensor):
+            lines.append(f"{name}: not a tensor in the checkpoint")
+        elif tuple(own[name].shape) != tuple(saved[name].shape):
+            lines.append(f"{name}: {tuple(saved[name].shape)} in the checkpoint, {tuple(own[name].shape)} now")
+    return lines
+
+
+def _differences(saved: Any, new: Any, key: str) -> list[str]:
+    """``key.sub: old in the checkpoint, new now`` for each leaf where two configs differ."""
+    if isinstance(saved, dict) and isinstance(new, dict):
+        return [line for k in sorted(set(saved) | set(new), key=str)
+                for line in _differences(saved.get(k, _ABSENT), new.get(k, _ABSENT), f"{key}.{k}")]
+    if saved == new:
+        return []
+    return [f"{key}: {_shown(saved)} in the checkpoint, {_shown(new)} now"]
+
+
+_ABSENT = object()
+
+
+def _shown(value: Any) -> str:
+    return "absent" if value is _ABSENT else repr(value)
 
 
 def init_from(

@@ -2,7 +2,10 @@
 
 The context (an image's tokens, or a question-aware joint encoding) is computed once, and each
 decoder layer computes its cross-attention keys/values from it once (they live in the cache);
-every step then feeds only the newest token.
+every step then feeds only the newest token. Beam search shares those keys/values between the
+beams of an image instead of copying them, moves only the filled part of the self-attention cache
+when beams are reordered, and the decoding loops never wait on an accelerator to decide whether
+to stop (see :class:`_AllDone`).
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ class _Stepper:
         self, decoder: CaptionDecoder, context: Tensor, context_mask: Tensor | None, use_cache: bool,
         max_length: int, banned: list[int],
     ) -> None:
-        self.decoder, self.context, self.context_mask, self.banned = decoder, context, context_mask, banned
+        self.decoder, self.context, self.context_mask = decoder, context, context_mask
+        self.banned = torch.tensor(banned, dtype=torch.long, device=context.device)
         self.cache = decoder.new_cache(max_length) if use_cache else None
 
     def __call__(self, tokens: Tensor) -> Tensor:
@@ -70,25 +74,63 @@ class _Stepper:
         else:
             logits = self.decoder(tokens, self.context, context_mask=self.context_mask)
         logits = logits[:, -1].float()
-        logits[:, self.banned] = -float("inf")  # never emit padding or a second BOS
+        logits.index_fill_(1, self.banned, -float("inf"))
         return logits.log_softmax(-1)
 
     def repeat_interleave(self, k: int) -> None:
-        """Turn each row into ``k`` rows (beams), reusing the computed state."""
-        if self.context_mask is not None:
-            self.context_mask = self.context_mask.repeat_interleave(k, dim=0)
+        """Turn each row into ``k`` rows (beams), reusing the computed state.
+
+        With the cache, the beams of a row share its cross-attention keys/values (and context
+        mask) without copies; only the self-attention history is repeated.
+        """
         if self.cache is not None:
             for block in self.cache:
                 block.self_kv.repeat_interleave(k)
                 block.cross_kv.repeat_interleave(k)
         else:
             self.context = self.context.repeat_interleave(k, dim=0)
+            if self.context_mask is not None:
+                self.context_mask = self.context_mask.repeat_interleave(k, dim=0)
 
     def reorder(self, index: Tensor) -> None:
         """Keep rows ``index`` (beams of the same image share the image, so only history moves)."""
         if self.cache is not None:
             for block in self.cache:
                 block.self_kv.reorder(index)
+
+
+class _AllDone:
+    """``done.all()`` as a Python bool, without making the host wait for an accelerator.
+
+    On the CPU the answer is exact and free. On CUDA each call starts a non-blocking copy of the
+    flag into pinned host memory and answers from the last copy that has already landed (an
+    event query, never a synchronisation), so the decoding loop keeps the device busy and may run
+    a step or two past the point where every row is done. Those steps change nothing: finished
+    rows only receive padding (greedy, trimmed at the end) and finished images' pools are frozen
+    (beam search).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.lagged = device.type == "cuda"
+        if self.lagged:
+            self.host = torch.zeros((), dtype=torch.bool).pin_memory()
+            self.event: torch.cuda.Event | None = None
+
+    def __call__(self, done: Tensor) -> bool:
+        if not self.lagged:
+            return bool(done.all())
+        if self.event is not None and self.event.query() and bool(self.host):
+            return True
+        self.host.copy_(done.all(), non_blocking=True)
+        self.event = torch.cuda.Event()
+        self.event.record()
+        return False
+
+
+def _trim_padding(tokens: Tensor, pad: int) -> Tensor:
+    """Drop the trailing columns that are padding in every row (at least one column is kept)."""
+    used = int((tokens != pad).any(0).nonzero().max()) + 1 if tokens.numel() and (tokens != pad).any() else 1
+    return tokens[:, :used]
 
 
 @torch.no_grad()
@@ -113,7 +155,9 @@ def generate(
             f"max_new_tokens={cfg.max_new_tokens} needs {max_length} positions, "
             f"the decoder has {decoder.max_length}"
         )
-    step = _Stepper(decoder, context, context_mask, cfg.use_cache, max_length, [pad_id, bos_id])
+    # never emit padding or a second BOS, unless it is also the EOS (GPT-2's <|endoftext|>)
+    banned = [t for t in dict.fromkeys([pad_id, bos_id]) if t != eos_id]
+    step = _Stepper(decoder, context, context_mask, cfg.use_cache, max_length, banned)
     B = context.shape[0]
     if cfg.num_beams > 1:
         return _beam_search(step, B, cfg, bos_id, eos_id, pad_id, context.device)
@@ -127,7 +171,7 @@ def _greedy_or_sample(
     tokens = torch.full((B, 1 + cfg.max_new_tokens), pad, dtype=torch.long, device=device)
     tokens[:, 0] = bos
     done = torch.zeros(B, dtype=torch.bool, device=device)
-    end = tokens.shape[1]
+    all_done = _AllDone(device)
     for t in range(cfg.max_new_tokens):
         logp = step(tokens[:, : t + 1])
         if t < cfg.min_new_tokens:
@@ -139,10 +183,9 @@ def _greedy_or_sample(
             nxt = logp.argmax(-1)
         tokens[:, t + 1] = torch.where(done, pad, nxt)
         done |= nxt == eos
-        if t + 1 >= cfg.min_new_tokens and bool(done.all()):
-            end = t + 2
+        if t + 1 >= cfg.min_new_tokens and all_done(done):  # EOS is banned before min_new_tokens
             break
-    return tokens[:, 1:end]
+    return _trim_padding(tokens[:, 1:], pad)  # up to the column where the last row ended
 
 
 def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -179,6 +222,7 @@ def _beam_search(
     fin_scores = torch.full((B, K), neg_inf, device=device)
     done = torch.zeros(B, dtype=torch.bool, device=device)
     rows = torch.arange(B, device=device)[:, None] * K
+    all_done = _AllDone(device)
 
     logp = step(alive[:, 0, :1])[:, None, :]  # (B, 1, V): first step once per image
     step.repeat_interleave(K)
@@ -192,15 +236,18 @@ def _beam_search(
         cand = (alive_scores[..., None] + logp).view(B, K * V)
         top_scores, top_idx = cand.topk(2 * K, dim=1)  # (B, 2K)
         src_beam, token = top_idx // V, top_idx % V
-        seqs = alive.gather(1, src_beam[..., None].expand(-1, -1, L)).clone()  # (B, 2K, L)
+        seqs = alive.gather(1, src_beam[..., None].expand(-1, -1, L))  # (B, 2K, L), a new tensor
         seqs[:, :, t + 1] = token
 
         # finished pool: EOS continuations within the top K ranks, for images still searching
         ends = (token == eos) & (rank < K) & ~done[:, None]
         norm = top_scores / float(t + 1) ** cfg.length_penalty
         pool_scores = torch.cat([fin_scores, norm.masked_fill(~ends, neg_inf)], dim=1)
-        fin_scores, pick = pool_scores.topk(K, dim=1)
-        finished = torch.cat([finished, seqs], dim=1).gather(1, pick[..., None].expand(-1, -1, L))
+        new_scores, pick = pool_scores.topk(K, dim=1)
+        new_finished = torch.cat([finished, seqs], dim=1).gather(1, pick[..., None].expand(-1, -1, L))
+        # a finished image's pool is final (its order too, even where scores tie)
+        fin_scores = torch.where(done[:, None], fin_scores, new_scores)
+        finished = torch.where(done[:, None, None], finished, new_finished)
 
         # live beams: the best K continuations that did not end
         alive_scores, pick = top_scores.masked_fill(token == eos, neg_inf).topk(K, dim=1)
@@ -214,7 +261,7 @@ def _beam_search(
             best_len = cfg.max_new_tokens if cfg.length_penalty > 0 else t + 1
             best_possible = alive_scores[:, 0] / float(best_len) ** cfg.length_penalty
             done |= full & (best_possible <= fin_scores[:, -1])
-        if bool(done.all()):
+        if t + 1 >= cfg.min_new_tokens and all_done(done):  # no EOS, so no finished pool, before
             break
 
     if not bool(done.all()):  # out of steps: live beams compete with the finished ones

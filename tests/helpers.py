@@ -1,5 +1,9 @@
-"""Tiny models shared by the tests."""
+"""Tiny models and test-only pieces shared by the tests."""
 
+import os
+import signal as signal_module
+
+import lightning as L
 import torch
 
 from mmtx.models import CaptionDecoder, ImageCaptioner, VisionEncoder
@@ -57,3 +61,20 @@ TINY_TWO_STREAM = [
     "model.backbone.vision.patch_size=8", "model.backbone.text.dim=32", "model.backbone.text.depth=1",
     "model.backbone.text.num_heads=2", "model.backbone.co_layers=1", "model.backbone.joint_dim=32",
 ]  # fmt: skip
+
+
+
+class SignalAtStep(L.Callback):
+    """Test-only: the process sends itself ``signal`` when optimizer step ``step`` ends.
+
+    Added to a run with ``+callbacks.fault._target_=tests.helpers.SignalAtStep`` (the subprocess
+    needs the repository on PYTHONPATH): SIGKILL dies at once, as a crashed machine would;
+    SIGTERM is a scheduler's preemption notice.
+    """
+
+    def __init__(self, step: int, signal: str = "SIGKILL") -> None:
+        self.step, self.signal = step, getattr(signal_module, signal)
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        if trainer.global_step == self.step and trainer.is_global_zero:
+            os.kill(os.getpid(), self.signal)

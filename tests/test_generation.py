@@ -102,3 +102,13 @@ def test_bad_settings_are_named():
         GenerationConfig(num_beams=2, do_sample=True)
     with pytest.raises(ValueError, match="max_new_tokens=40"):
         run(tiny_captioner(), torch.randn(1, 3, 32, 32), max_new_tokens=40)
+
+
+def test_an_eos_that_is_also_the_bos_ends_captions() -> None:
+    """GPT-2 uses <|endoftext|> as both: it must stay allowed (only as EOS), or captions never end."""
+    model = tiny_captioner()
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = generate(model.decoder, model.encode(images), bos_id=5, eos_id=5, pad_id=0,
+                       config=GenerationConfig(max_new_tokens=6))
+    assert out.tolist() == [[5], [5]]  # both images' most likely first token is the EOS

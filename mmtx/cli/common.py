@@ -13,7 +13,10 @@ import lightning as L
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from mmtx.callbacks import NonFiniteLossError
 from mmtx.checkpoint import CheckpointError
+from mmtx.config_check import ConfigError
+from mmtx.data.bad_data import BadDataError
 from mmtx.data.captions import AnnotationError
 from mmtx.data.images import ImageLoadError
 from mmtx.data.tokenizer import Tokenizer, TokenizerError
@@ -24,7 +27,10 @@ log = logging.getLogger("mmtx")
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 # problems with the user's files or settings: reported in one line, not as a traceback
-USER_ERRORS = (AnnotationError, CheckpointError, ImageLoadError, TokenizerError, FileNotFoundError)
+USER_ERRORS = (
+    AnnotationError, CheckpointError, ImageLoadError, TokenizerError, FileNotFoundError, NonFiniteLossError,
+    ConfigError, BadDataError,
+)
 
 
 def friendly_errors(fn: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:

@@ -10,12 +10,14 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from mmtx.checkpoint import CheckpointError, load_task
+from mmtx.config_check import check_eval_config
 from mmtx.cli.common import CONFIG_DIR, friendly_errors, generation_override, make_trainer, to_container
 from mmtx.metrics.table import format_metrics_table
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Score ``cfg.ckpt`` on ``cfg.split``; returns the metrics (also written to ``cfg.output``)."""
+    check_eval_config(cfg)
     task = load_task(cfg.ckpt)
     data_cfg = to_container(cfg.data) if cfg.get("data") else task.data_config
     if data_cfg is None:
@@ -30,9 +32,10 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     datamodule.tokenizer = task.tokenizer
     if not datamodule.has_split(cfg.split):
         raise ValueError(f"split={cfg.split}: the data config has no files for it (set data.{cfg.split}.*)")
-    loader = getattr(datamodule, f"{cfg.split}_dataloader")()
+    datamodule.val_split = cfg.split
     trainer = make_trainer(cfg, loggers=[], callbacks=[])
-    trainer.validate(task, dataloaders=loader, verbose=False)
+    # the loader is made by the trainer's processes, each reading its share of the split
+    trainer.validate(task, datamodule=datamodule, verbose=False)
 
     if trainer.is_global_zero:
         metrics = dict(task.metrics)

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import hydra
 import lightning as L
 from hydra.utils import get_class, instantiate
+from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig
 
+from mmtx.callbacks import Preempted
 from mmtx.checkpoint import init_from, read_checkpoint
+from mmtx.compile import compile_blocks
+from mmtx.config_check import check_train_config
 from mmtx.cli.common import (
     CONFIG_DIR,
     build_tokenizer,
@@ -27,11 +33,13 @@ from mmtx.metrics.table import format_metrics_table
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Run one training job; returns the final validation metrics."""
+    check_train_config(cfg)  # impossible settings fail here, before any data is made or read
     L.seed_everything(cfg.seed, workers=True)
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
 
     datamodule = instantiate(cfg.data)
+    datamodule.seed = cfg.seed
     datamodule.prepare_data()
     task_cls = get_class(cfg.task._target_)
     if cfg.ckpt_path:  # resuming: the vocabularies are the ones the run started with
@@ -39,9 +47,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
         tokenizer = Tokenizer.from_str(saved["tokenizer"])
         data_arguments = {k: saved[k] for k in task_cls.data_arguments}
     else:
-        tokenizer = starting_tokenizer(cfg, datamodule)
+        tokenizer = shared_tokenizer(cfg, datamodule, out / "tokenizer.json")
         data_arguments = task_cls.from_data(datamodule, **to_container(cfg.task))
-    tokenizer.save(out / "tokenizer.json")
+    if int(os.environ.get("LOCAL_RANK", 0)) == 0:  # one writer per machine
+        tokenizer.save(out / "tokenizer.json")
     datamodule.tokenizer = tokenizer
     log.info("tokenizer: %d tokens, saved to %s", tokenizer.vocab_size, out / "tokenizer.json")
 
@@ -52,6 +61,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     task.data_config = to_container(cfg.data)
     if cfg.init_from:
         init_from(task, cfg.init_from, task.init_renames)
+    if cfg.compile:
+        log.info("torch.compile: %d transformer blocks", compile_blocks(task.model))
 
     loggers = instantiate_dict(cfg.get("logger"))
     for logger in loggers:
@@ -84,6 +95,29 @@ def train(cfg: DictConfig) -> dict[str, float]:
     return metrics
 
 
+def shared_tokenizer(cfg: DictConfig, datamodule: L.LightningDataModule, path: Path) -> Tokenizer:
+    """The new run's tokenizer, the same in every process of a distributed run.
+
+    The ``tokenizers`` library breaks ties between equally frequent WordPiece merges in hash-map
+    order, so two processes can learn different vocabularies from the same text (byte-level BPE
+    is learned identically). Processes that Lightning's DDP launcher starts read the one the
+    first process wrote to ``path`` before starting them; launchers that start every process
+    at once (torchrun, SLURM, several nodes) need a tokenizer given or learned deterministically.
+    """
+    local_rank, node_rank = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("NODE_RANK", 0))
+    if local_rank > 0 and node_rank == 0 and not TorchElasticEnvironment.detect() and not SLURMEnvironment.detect():
+        return Tokenizer.from_file(path)  # written by the process that started this one
+    together = TorchElasticEnvironment.detect() or SLURMEnvironment.detect() or node_rank > 0
+    if together and int(os.environ.get("WORLD_SIZE", 1)) > 1 and not cfg.tokenizer.path \
+            and cfg.tokenizer.kind == "wordpiece" and not cfg.init_from:
+        raise ValueError(
+            "tokenizer: a WordPiece vocabulary learned in each process can differ between them; give "
+            "every process the same one with tokenizer.path=FILE (e.g. the tokenizer.json of a short "
+            "single-process run) or learn byte-level BPE, which is deterministic: tokenizer.kind=bpe"
+        )
+    return starting_tokenizer(cfg, datamodule)
+
+
 def starting_tokenizer(cfg: DictConfig, datamodule: L.LightningDataModule) -> Tokenizer:
     """``tokenizer.path`` if given; else the ``init_from`` checkpoint's (its embeddings index it);
     else a vocabulary learned from the training text."""
@@ -98,7 +132,11 @@ def starting_tokenizer(cfg: DictConfig, datamodule: L.LightningDataModule) -> To
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
 @friendly_errors
 def main(cfg: DictConfig) -> float | None:
-    metrics = train(cfg)
+    try:
+        metrics = train(cfg)
+    except Preempted as e:  # exit as a process ended by that signal would, state saved
+        print(f"mmtx: {e}", file=sys.stderr)
+        sys.exit(128 + e.signum)
     return metrics.get(cfg.monitor.metric.removeprefix("val/")) if metrics else None
 
 

@@ -1,16 +1,36 @@
-"""The data module every image-text data set shares: splits of records, images, batching."""
+"""The data module every image-text data set shares: splits of records, images, batching.
+
+Bad input is screened where it is cheapest to name (see `mmtx.data.bad_data` for the
+policies): a split's annotation entries as they are read, its image files by a pre-flight
+scan before any training, texts longer than ``max_length`` when the tokenizer is known, and
+images that still fail to decode inside a loader worker by the main process, which gets them
+listed in each batch (``image_failures``) instead of as a crash inside the worker.
+"""
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import lightning as L
-from torch.utils.data import DataLoader, Dataset
+import torch
+from lightning.pytorch.trainer.states import TrainerFn
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 
+from mmtx.data.bad_data import REPORT_FILE, BadDataError, BadDataReport, Policy, check_policy, listing
+from mmtx.data.images import ImageLoadError, load_image, scan_images
+from mmtx.data.sampling import SeededDataset, ShardedBatchSampler
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.data.transforms import build_transforms
 
+log = logging.getLogger(__name__)
+
 SPLITS = ("train", "val", "test")
+FAILURES_KEY = "image_failures"  # a batch's [(path, reason)] of images replaced after failing to decode
+_DECODE_HINT = "set data.on_bad_image=skip to replace such images and go on"
 
 
 def split_files(splits: dict[str, dict | None], split: str, needed: tuple[str, ...]) -> dict:
@@ -32,8 +52,12 @@ class ImageTextDataModule(L.LightningDataModule):
         image_size: side of the square images the model sees.
         batch_size: training batch size; ``eval_batch_size`` for validation/test (default: same).
         num_workers: processes that decode and transform images.
-        max_length: longest text in tokens, [BOS] and [EOS] included (longer ones are cut).
+        max_length: longest text in tokens, [BOS] and [EOS] included (longer ones are cut,
+            counted and reported).
         crop_scale: ``[min, max]`` area for random resized crops in training; ``None``: no crop.
+        on_bad_image: ``error`` (stop before training, naming the bad files) or ``skip`` (leave
+            them and their texts out; replace an image that fails to decode later).
+        on_bad_annotation: the same for malformed annotation entries (default: ``on_bad_image``).
     """
 
     def __init__(
@@ -44,6 +68,8 @@ class ImageTextDataModule(L.LightningDataModule):
         num_workers: int = 2,
         max_length: int = 32,
         crop_scale: tuple[float, float] | None = None,
+        on_bad_image: Policy = "error",
+        on_bad_annotation: Policy | None = None,
     ) -> None:
         super().__init__()
         if image_size <= 0 or batch_size <= 0 or max_length < 3:
@@ -55,16 +81,33 @@ class ImageTextDataModule(L.LightningDataModule):
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers, self.max_length = num_workers, max_length
         self.crop_scale = tuple(crop_scale) if crop_scale else None
+        self.on_bad_image = check_policy(on_bad_image, "data.on_bad_image")
+        self.on_bad_annotation = check_policy(on_bad_annotation or on_bad_image, "data.on_bad_annotation")
         self.tokenizer: Tokenizer | None = None  # set by the caller (trained or loaded)
         self.datasets: dict[str, Dataset] = {}
+        self.report = BadDataReport()  # what was left out or cut; bad_data.txt in the run directory
         self._records: dict[str, list[Any]] = {}
+        self._lengths_checked: set[str] = set()
+        self.seed = 0  # the run's seed (set by mmtx-train): shuffling and augmentation come from it
+        self.val_split = "val"  # what validation reads (mmtx-eval split=test sets another)
+        self._resume_at: tuple[int, int] | None = None  # (epoch, batches done) from a checkpoint
 
     # --- what a source provides -------------------------------------------------------------
-    def load_records(self, split: str) -> list[Any]:
+    def load_records(self, split: str, skipped: list[str]) -> list[Any]:
+        """The split's records (each with a ``path``); bad annotation entries are left out and
+        described in ``skipped``."""
         raise NotImplementedError
 
     def make_dataset(self, records: list[Any], transform: Any, train: bool) -> Dataset:
         raise NotImplementedError
+
+    def describe(self, records: list[Any]) -> str:
+        """What leaving ``records`` out drops, e.g. "their 12 caption(s)"."""
+        return f"{len(records)} record(s)"
+
+    def input_texts(self, split: str) -> list[tuple[str, str]]:
+        """(what, text) for each text the collator tokenizes, to report those cut at max_length."""
+        return []
 
     def make_collator(self) -> Any:
         raise NotImplementedError
@@ -77,12 +120,40 @@ class ImageTextDataModule(L.LightningDataModule):
         return True
 
     def records(self, split: str) -> list[Any]:
-        """The split's records, read once."""
+        """The split's records, read and screened once (see the module docs)."""
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
         if split not in self._records:
-            self._records[split] = self.load_records(split)
+            self._records[split] = self._screened(split)
         return self._records[split]
+
+    def _screened(self, split: str) -> list[Any]:
+        """The split's good records: bad annotation entries and records whose image file fails
+        the pre-flight check are left out under ``skip``, and raised together under ``error``."""
+        skipped: list[str] = []
+        records = self.load_records(split, skipped)
+        bad = scan_images((r.path for r in records), desc=f"checking {split} images")
+        kept = [r for r in records if r.path not in bad]
+        failed_annotations = skipped if self.on_bad_annotation == "error" else []
+        failed_images = bad if self.on_bad_image == "error" else {}
+        if failed_annotations or failed_images:
+            raise BadDataError(split, failed_annotations, failed_images)
+        if records and not kept:
+            raise BadDataError(split, images=bad, none_left=True)
+        if skipped:
+            for problem in skipped:
+                self.report.add(split, "annotation", problem, "entry left out")
+            log.warning("%s split: left out %d bad annotation entries (data.on_bad_annotation=skip):\n%s",
+                        split, len(skipped), listing(skipped))
+        if bad:
+            for path, reason in sorted(bad.items()):
+                self.report.add(split, "image", str(path), reason)
+            log.warning(
+                "%s split: left out %d bad image file(s) and %s (data.on_bad_image=skip):\n%s", split, len(bad),
+                self.describe([r for r in records if r.path in bad]),
+                listing([f"{path}: {reason}" for path, reason in sorted(bad.items())]),
+            )
+        return kept
 
     # --- Lightning hooks --------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
@@ -92,26 +163,155 @@ class ImageTextDataModule(L.LightningDataModule):
                 train = split == "train"
                 transform = build_transforms(self.image_size, train=train, crop_scale=self.crop_scale)
                 self.datasets[split] = self.make_dataset(self.records(split), transform, train)
+        trainer = self.trainer  # attached by Trainer.fit/validate(datamodule=...)
+        if trainer is not None and trainer.is_global_zero and self.report.path is None:
+            written = self.report.write(Path(trainer.default_root_dir) / REPORT_FILE)
+            if written is not None:
+                log.warning("bad data: everything left out is listed in %s", written)
 
     def _loader(self, split: str, train: bool) -> DataLoader:
         if self.tokenizer is None:
             raise RuntimeError(f"{type(self).__name__}.tokenizer must be set before making data loaders")
         self.setup({"train": "fit", "val": "validate", "test": "test"}[split])
-        return DataLoader(
-            self.datasets[split],
-            batch_size=self.batch_size if train else self.eval_batch_size,
-            shuffle=train,
-            drop_last=train,
+        self._report_long_texts(split)
+        trainer = self.trainer  # None outside a Trainer
+        sampler = ShardedBatchSampler(
+            len(self.datasets[split]),  # type: ignore[arg-type]
+            self.batch_size if train else self.eval_batch_size,
+            shuffle=train, drop_last=train, seed=self.seed,
+            rank=trainer.global_rank if trainer else 0, world_size=trainer.world_size if trainer else 1,
+        )
+        if train and self._resume_at is not None:
+            sampler.resume(*self._resume_at)
+            self._resume_at = None
+        return ScreenedLoader(
+            SeededDataset(self.datasets[split]),
+            failures=DecodeFailures(split, self.on_bad_image, self.report),
+            batch_sampler=sampler,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             collate_fn=self.make_collator(),
+            generator=torch.Generator().manual_seed(self.seed),  # worker seeds: not from the global RNG
         )
+
+    # --- resuming mid-epoch ---------------------------------------------------------------------
+    def state_dict(self) -> dict[str, int]:
+        """Where training is in its epoch; Lightning stores it in every checkpoint."""
+        trainer = self.trainer
+        if trainer is None or trainer.state.fn != TrainerFn.FITTING:
+            return {}
+        batches_done = trainer.fit_loop.epoch_loop.batch_progress.current.ready  # in this epoch
+        return {"epoch": trainer.current_epoch, "batches_done": batches_done}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """A resumed run's first training epoch starts after the batches it had already taken."""
+        if state:
+            self._resume_at = (state["epoch"], state["batches_done"])
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", train=True)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader("val", train=False)
+        return self._loader(self.val_split, train=False)
 
     def test_dataloader(self) -> DataLoader:
         return self._loader("test", train=False)
+
+    def _report_long_texts(self, split: str) -> None:
+        """Count (once per split) the texts longer than ``max_length`` tokens: cut, and reported."""
+        if split in self._lengths_checked:
+            return
+        self._lengths_checked.add(split)
+        items = self.input_texts(split)
+        room = self.max_length - 2  # [BOS] and [EOS]
+        encodings = self.tokenizer.backend.encode_batch_fast([text for _, text in items], add_special_tokens=False)
+        long = [(what, len(e.ids) + 2) for (what, _), e in zip(items, encodings) if len(e.ids) > room]
+        for what, length in long:
+            self.report.add(split, "truncated", what, f"{length} tokens > data.max_length={self.max_length}")
+        if long:
+            log.warning(
+                "%s split: %d of %d texts are longer than data.max_length=%d tokens and are cut "
+                "(the longest has %d)", split, len(long), len(items), self.max_length, max(n for _, n in long),
+            )
+
+
+class ImageTextDataset(Dataset):
+    """Examples that each need an image: an image that fails to decode is replaced by the next
+    example's, and listed in the example (``image_failures``) for the loader to count or raise.
+
+    Under ``on_bad_image=error`` outside a loader worker the `ImageLoadError` is raised at once.
+    """
+
+    def __init__(self, transform: Any, on_bad_image: Policy = "error") -> None:
+        self.transform = transform
+        self.on_bad_image = check_policy(on_bad_image, "on_bad_image")
+
+    def image_path(self, i: int) -> Path:
+        raise NotImplementedError
+
+    def example(self, i: int, image: Tensor) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        failures: list[tuple[str, str]] = []
+        for step in range(len(self)):
+            j = (i + step) % len(self)
+            path = self.image_path(j)
+            if any(path == Path(failed) for failed, _ in failures):
+                continue  # another text of the same image
+            try:
+                image = self.transform(load_image(path))
+            except ImageLoadError as err:
+                if self.on_bad_image == "error" and get_worker_info() is None:
+                    raise ImageLoadError(err.path, f"{err.reason} ({_DECODE_HINT})") from err
+                failures.append((str(err.path), err.reason))
+                continue
+            return {**self.example(j, image), FAILURES_KEY: failures}
+        raise ImageLoadError(self.image_path(i), "no image of this split can be loaded")
+
+
+@dataclass
+class DecodeFailures:
+    """Applies ``on_bad_image`` in the main process to images that failed to decode in a worker;
+    under ``skip`` each file is reported once, however many epochs meet it."""
+
+    split: str
+    policy: Policy
+    report: BadDataReport
+
+    def __call__(self, failures: list[tuple[str, str]]) -> None:
+        for path, reason in failures:
+            if self.policy == "error":
+                raise ImageLoadError(path, f"{reason} ({_DECODE_HINT})")
+            if not any(d.kind == "decode" and d.what == path for d in self.report.items):
+                self.report.add(self.split, "decode", path, reason)
+                log.warning("%s split: cannot decode %s (%s): replaced by another example "
+                            "(data.on_bad_image=skip; %d such file(s) so far)",
+                            self.split, path, reason, self.report.count("decode", self.split))
+
+
+class ScreenedLoader(DataLoader):
+    """A DataLoader that hands each batch's ``image_failures`` to ``failures`` (main process)."""
+
+    def __init__(self, dataset: Dataset, *, failures: DecodeFailures | None = None, **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self.failures = failures
+
+    def __iter__(self):  # type: ignore[override]
+        batches = super().__iter__()
+        for batch in batches:
+            found = batch.pop(FAILURES_KEY, None) if isinstance(batch, dict) else None
+            if found and self.failures is not None:
+                try:
+                    self.failures(found)
+                except ImageLoadError:
+                    self._stop_workers(batches)
+                    raise
+            yield batch
+
+    def _stop_workers(self, batches: Any) -> None:
+        """End the worker processes now: left to garbage collection they linger for seconds."""
+        shutdown = getattr(batches, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        self._iterator = None  # persistent workers: the next pass starts new ones

@@ -1,9 +1,13 @@
 """Read the official caption annotation formats (COCO, Karpathy splits) into `CaptionRecord`s.
 
-The readers validate every entry they return, up front, and report the first problem as
-an `AnnotationError` naming the file and the offending entry, e.g.
+The readers validate every entry they return, up front, and report problems as an
+`AnnotationError` naming the file and the offending entries, e.g.
 ``captions_val2014.json: annotations[17].caption: expected a string, got null``, so that a
 bad download fails at start-up instead of as a KeyError deep inside a data loader worker.
+A problem with the whole file (not found, not JSON, no ``images`` array) is raised at once;
+problems with single entries (missing keys, wrong types, duplicate ids, empty or non-UTF-8
+text, unknown image ids) are collected and raised together, or, when the caller passes a
+``skipped`` list, the entries are left out and one line per problem is appended to it.
 Image files are not opened or checked for existence here.
 """
 
@@ -16,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
+
+from mmtx.data.bad_data import listing
 
 KARPATHY_TRAIN_EXTRA = "restval"  # Karpathy's convention: "train" also takes these images
 
@@ -33,47 +39,83 @@ class AnnotationError(ValueError):
     """An annotation file is missing, not JSON, or does not have the expected structure."""
 
 
+class EntryProblems:
+    """Problems with single entries of one annotation file: raised together at the end, or
+    handed to the caller's ``skipped`` list (the entries are then left out)."""
+
+    def __init__(self, file: Path, skipped: list[str] | None) -> None:
+        self.file, self.skipped = file, skipped
+        self.found: list[str] = []
+
+    def add(self, problem: AnnotationError | str) -> None:
+        self.found.append(str(problem))
+
+    def finish(self) -> None:
+        """Hand the problems over, or raise them as one AnnotationError."""
+        if self.skipped is not None:
+            self.skipped.extend(self.found)
+        elif len(self.found) == 1:
+            raise AnnotationError(self.found[0])
+        elif self.found:
+            raise AnnotationError(f"{self.file}: {len(self.found)} bad entries:\n{listing(self.found)}")
+
+
 def read_coco_captions(
-    annotations: str | os.PathLike, images: str | os.PathLike
+    annotations: str | os.PathLike, images: str | os.PathLike, skipped: list[str] | None = None
 ) -> list[CaptionRecord]:
     """Read an official COCO captions file (``captions_<split>.json``).
 
     Returns one record per entry of ``images[]``, sorted by image id, with
     ``path = images / file_name`` and the captions of that image in file order, with
     whitespace normalised. Images without captions are kept with an empty tuple (the
-    caller decides whether that is an error for its split).
+    caller decides whether that is an error for its split). Bad entries raise one
+    `AnnotationError` naming them all, or with a ``skipped`` list are left out (an image
+    entry with its captions; a repeated image id keeps its first entry) and described there.
     """
     file = Path(annotations)
     root = Path(images)
     data = _load_json_object(file)
     image_entries = _require(data, "images", list, file, "")
     ann_entries = _require(data, "annotations", list, file, "")
+    problems = EntryProblems(file, skipped)
 
     paths: dict[int, Path] = {}
+    dropped: set[int] = set()  # ids of image entries left out: their captions go too, unreported
     for i, entry in enumerate(image_entries):
         where = f"images[{i}]"
-        entry = _as_object(entry, file, where)
-        image_id = _require(entry, "id", int, file, where)
-        file_name = _require(entry, "file_name", str, file, where)
-        if image_id in paths:
-            raise AnnotationError(f"{file}: {where}.id: duplicate image id {image_id}")
-        paths[image_id] = _join_inside(root, file_name, file, f"{where}.file_name")
+        try:
+            entry = _as_object(entry, file, where)
+            image_id = _require(entry, "id", int, file, where)
+            if image_id in paths:
+                raise AnnotationError(f"{file}: {where}.id: duplicate image id {image_id}")
+            dropped.add(image_id)
+            file_name = _require(entry, "file_name", str, file, where)
+            paths[image_id] = _join_inside(root, file_name, file, f"{where}.file_name")
+            dropped.discard(image_id)
+        except AnnotationError as err:
+            problems.add(err)
 
     captions: dict[int, list[str]] = {image_id: [] for image_id in paths}
     for i, entry in enumerate(ann_entries):
         where = f"annotations[{i}]"
-        entry = _as_object(entry, file, where)
-        image_id = _require(entry, "image_id", int, file, where)
-        text = _require(entry, "caption", str, file, where)
-        if image_id not in captions:
-            raise AnnotationError(f"{file}: {where}.image_id: image id {image_id} is not in images[]")
-        captions[image_id].append(_clean_caption(text, file, f"{where}.caption"))
+        try:
+            entry = _as_object(entry, file, where)
+            image_id = _require(entry, "image_id", int, file, where)
+            if image_id in dropped:
+                continue
+            text = _require(entry, "caption", str, file, where)
+            if image_id not in captions:
+                raise AnnotationError(f"{file}: {where}.image_id: image id {image_id} is not in images[]")
+            captions[image_id].append(_clean_caption(text, file, f"{where}.caption"))
+        except AnnotationError as err:
+            problems.add(err)
 
+    problems.finish()
     return [CaptionRecord(image_id, paths[image_id], tuple(captions[image_id])) for image_id in sorted(paths)]
 
 
 def read_karpathy(
-    annotations: str | os.PathLike, images: str | os.PathLike, split: str
+    annotations: str | os.PathLike, images: str | os.PathLike, split: str, skipped: list[str] | None = None
 ) -> list[CaptionRecord]:
     """Read one split of a Karpathy ``dataset_{coco,flickr8k,flickr30k}.json`` file.
 
@@ -81,41 +123,57 @@ def read_karpathy(
     when present, else ``imgid``; ``path = images / filepath / filename`` (``filepath`` is
     absent in the Flickr files); each caption is the sentence's ``raw`` text, or its
     ``tokens`` joined by spaces when ``raw`` is missing. Records are sorted by image id.
+    Bad entries (and bad sentences) raise or are skipped as in `read_coco_captions`.
     """
     file = Path(annotations)
     root = Path(images)
     data = _load_json_object(file)
     entries = _require(data, "images", list, file, "")
+    problems = EntryProblems(file, skipped)
 
-    splits: list[str] = []
+    splits: list[str | None] = []
     for i, entry in enumerate(entries):
-        splits.append(_require(_as_object(entry, file, f"images[{i}]"), "split", str, file, f"images[{i}]"))
-    present = sorted(set(splits))
+        try:
+            splits.append(_require(_as_object(entry, file, f"images[{i}]"), "split", str, file, f"images[{i}]"))
+        except AnnotationError as err:
+            splits.append(None)
+            problems.add(err)
+    present = sorted({s for s in splits if s is not None})
     wanted = {split, KARPATHY_TRAIN_EXTRA} if split == "train" else {split}
     if not wanted & set(present):
-        raise AnnotationError(f"{file}: no images in split {split!r}; splits present: {', '.join(present)}")
+        unsplit = f"; entries without a valid split:\n{listing(problems.found)}" if problems.found else ""
+        raise AnnotationError(
+            f"{file}: no images in split {split!r}; splits present: {', '.join(present)}{unsplit}"
+        )
 
     records: dict[int, CaptionRecord] = {}
     for i, entry in enumerate(entries):
         if splits[i] not in wanted:
             continue
         where = f"images[{i}]"
-        if entry.get("cocoid") is not None:
-            image_id = _require(entry, "cocoid", int, file, where)
-        else:
-            image_id = _require(entry, "imgid", int, file, where)
-        filename = _require(entry, "filename", str, file, where)
-        filepath = _optional(entry, "filepath", str, file, where)
-        relative = f"{filepath}/{filename}" if filepath else filename
-        path = _join_inside(root, relative, file, f"{where}.filepath/filename")
-        sentences = _require(entry, "sentences", list, file, where)
-        captions = tuple(
-            _karpathy_sentence(sentence, file, f"{where}.sentences[{j}]")
-            for j, sentence in enumerate(sentences)
-        )
-        if image_id in records:
-            raise AnnotationError(f"{file}: {where}: duplicate image id {image_id} in split {split!r}")
-        records[image_id] = CaptionRecord(image_id, path, captions)
+        try:
+            if entry.get("cocoid") is not None:
+                image_id = _require(entry, "cocoid", int, file, where)
+            else:
+                image_id = _require(entry, "imgid", int, file, where)
+            if image_id in records:
+                raise AnnotationError(f"{file}: {where}: duplicate image id {image_id} in split {split!r}")
+            filename = _require(entry, "filename", str, file, where)
+            filepath = _optional(entry, "filepath", str, file, where)
+            relative = f"{filepath}/{filename}" if filepath else filename
+            path = _join_inside(root, relative, file, f"{where}.filepath/filename")
+            sentences = _require(entry, "sentences", list, file, where)
+        except AnnotationError as err:
+            problems.add(err)
+            continue
+        captions = []
+        for j, sentence in enumerate(sentences):
+            try:
+                captions.append(_karpathy_sentence(sentence, file, f"{where}.sentences[{j}]"))
+            except AnnotationError as err:
+                problems.add(err)
+        records[image_id] = CaptionRecord(image_id, path, tuple(captions))
+    problems.finish()
     return [records[image_id] for image_id in sorted(records)]
 
 
@@ -169,17 +227,42 @@ def _atomic_write_json(path: Path, document: Any) -> None:
 
 
 def _load_json_object(file: Path) -> dict[str, Any]:
+    """The JSON object in ``file``; bytes that are not UTF-8 survive as lone surrogates
+    (``surrogateescape``), so that inside a string they are blamed on that entry alone."""
     try:
-        with file.open(encoding="utf-8") as f:
-            data = json.load(f)
+        text = file.read_bytes().decode("utf-8-sig", errors="surrogateescape")
     except FileNotFoundError:
         raise AnnotationError(f"{file}: annotation file not found") from None
+    except OSError as err:
+        raise AnnotationError(f"{file}: cannot read annotation file: {err}") from err
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as err:
         position = f"line {err.lineno} column {err.colno}"
+        odd = ord(text[err.pos]) if err.pos < len(text) else 0
+        if 0xDC80 <= odd <= 0xDCFF:  # surrogateescape's stand-in for a byte that is not UTF-8
+            raise AnnotationError(f"{file}: not UTF-8 text at {position} (byte 0x{odd - 0xDC00:02x})") from err
         raise AnnotationError(f"{file}: invalid JSON at {position}: {err.msg}") from err
-    except (OSError, UnicodeDecodeError) as err:
-        raise AnnotationError(f"{file}: cannot read annotation file: {err}") from err
+    except RecursionError as err:
+        raise AnnotationError(f"{file}: invalid JSON: nested too deeply") from err
+    except ValueError as err:  # e.g. an integer of more than 4300 digits
+        raise AnnotationError(f"{file}: invalid JSON: {err}") from err
     return _as_object(data, file, "top level")
+
+
+def _invalid_text(text: str) -> str | None:
+    """Why ``text`` is not valid Unicode (None if it is): a byte that was not UTF-8, or a
+    lone surrogate from a ``\\ud800``-style escape, which no tokenizer can encode."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        char = ord(text[err.start])
+        if 0xDC80 <= char <= 0xDCFF:  # surrogateescape's stand-in for a raw byte
+            return f"byte 0x{char - 0xDC00:02x} at character {err.start} is not UTF-8"
+        return f"lone surrogate U+{char:04X} at character {err.start} is not valid Unicode"
+    return None
 
 
 def _as_object(value: Any, file: Path, where: str) -> dict[str, Any]:
@@ -196,6 +279,10 @@ def _require(entry: dict[str, Any], key: str, kind: type, file: Path, where: str
     value = entry[key]
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise AnnotationError(f"{file}: {label}: expected {_JSON_TYPES[kind]}, got {_json_type(value)}")
+    if kind is int and not _INT64[0] <= value <= _INT64[1]:
+        raise AnnotationError(f"{file}: {label}: {value} is out of range (ids are 64-bit integers)")
+    if kind is str and (reason := _invalid_text(value)):
+        raise AnnotationError(f"{file}: {label}: {reason}")
     return value
 
 
@@ -203,6 +290,7 @@ def _optional(entry: dict[str, Any], key: str, kind: type, file: Path, where: st
     return _require(entry, key, kind, file, where) if entry.get(key) is not None else None
 
 
+_INT64 = (-(2**63), 2**63 - 1)
 _JSON_TYPES = {int: "an integer", float: "a number", str: "a string", list: "an array", dict: "an object"}
 
 
@@ -228,13 +316,15 @@ def _karpathy_sentence(sentence: Any, file: Path, where: str) -> str:
     if raw is not None and raw.strip():
         return _clean_caption(raw, file, f"{where}.raw")
     tokens = _require(sentence, "tokens", list, file, where)
-    if not all(isinstance(token, str) for token in tokens):
-        raise AnnotationError(f"{file}: {where}.tokens: expected an array of strings")
+    if not all(isinstance(token, str) and not _invalid_text(token) for token in tokens):
+        raise AnnotationError(f"{file}: {where}.tokens: expected an array of UTF-8 strings")
     return _clean_caption(" ".join(tokens), file, f"{where}.tokens")
 
 
 def _join_inside(root: Path, relative: str, file: Path, where: str) -> Path:
     """`root / relative`, refusing names that are empty, absolute or climb out with '..'."""
+    if "\0" in relative:
+        raise AnnotationError(f"{file}: {where}: file name {relative!r} contains a NUL byte")
     for flavour in (PurePosixPath(relative), PureWindowsPath(relative)):
         if not relative or flavour.is_absolute() or flavour.anchor or ".." in flavour.parts:
             raise AnnotationError(f"{file}: {where}: file name {relative!r} escapes the image root {root}")

@@ -12,22 +12,26 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from mmtx.data.base import ImageTextDataModule, split_files
+from mmtx.data.bad_data import Policy
+from mmtx.data.base import FAILURES_KEY, ImageTextDataModule, ImageTextDataset, split_files
 from mmtx.data.captions import CaptionRecord, read_coco_captions, read_karpathy
-from mmtx.data.images import load_image
 from mmtx.data.shapes import generate_shapes
 from mmtx.data.tokenizer import Tokenizer
 
 
-class CaptionDataset(Dataset):
+class CaptionDataset(ImageTextDataset):
     """Images with their reference captions.
 
     ``pairs=True`` (training) yields one example per (image, caption) pair, as is usual on COCO;
-    ``pairs=False`` (evaluation) yields one example per image with all its references.
+    ``pairs=False`` (evaluation) yields one example per image with all its references. An image
+    that fails to decode is handled as `ImageTextDataset` says.
     """
 
-    def __init__(self, records: list[CaptionRecord], transform: Any, pairs: bool) -> None:
-        self.records, self.transform = records, transform
+    def __init__(
+        self, records: list[CaptionRecord], transform: Any, pairs: bool, on_bad_image: Policy = "error"
+    ) -> None:
+        super().__init__(transform, on_bad_image)
+        self.records = records
         self.index = (
             [(r, c) for r, rec in enumerate(records) for c in range(len(rec.captions))]
             if pairs
@@ -37,11 +41,14 @@ class CaptionDataset(Dataset):
     def __len__(self) -> int:
         return len(self.index)
 
-    def __getitem__(self, i: int) -> dict[str, Any]:
+    def image_path(self, i: int) -> Path:
+        return self.records[self.index[i][0]].path
+
+    def example(self, i: int, image: torch.Tensor) -> dict[str, Any]:
         r, c = self.index[i]
         rec = self.records[r]
         return {
-            "image": self.transform(load_image(rec.path)),
+            "image": image,
             "caption": rec.captions[c] if rec.captions else "",
             "references": list(rec.captions),
             "image_id": rec.image_id,
@@ -62,6 +69,7 @@ class CaptionCollator:
             "attention_mask": mask,
             "image_ids": torch.tensor([e["image_id"] for e in examples]),
             "references": [e["references"] for e in examples],
+            FAILURES_KEY: [f for e in examples for f in e.get(FAILURES_KEY, ())],
         }
 
 
@@ -69,7 +77,7 @@ class CaptionDataModule(ImageTextDataModule):
     """Images and their captions (training: one example per pair; evaluation: per image)."""
 
     def make_dataset(self, records: list[CaptionRecord], transform: Any, train: bool) -> Dataset:
-        return CaptionDataset(records, transform, pairs=train)
+        return CaptionDataset(records, transform, pairs=train, on_bad_image=self.on_bad_image)
 
     def make_collator(self) -> CaptionCollator:
         return CaptionCollator(self.tokenizer, self.max_length)
@@ -79,6 +87,12 @@ class CaptionDataModule(ImageTextDataModule):
 
     def references(self, split: str) -> dict[int, list[str]]:
         return {r.image_id: list(r.captions) for r in self.records(split) if r.captions}
+
+    def describe(self, records: list[CaptionRecord]) -> str:
+        return f"their {sum(len(r.captions) for r in records)} caption(s)"
+
+    def input_texts(self, split: str) -> list[tuple[str, str]]:
+        return [(f"image {r.image_id} caption {k}", c) for r in self.records(split) for k, c in enumerate(r.captions)]
 
 
 class ShapesCaptions(CaptionDataModule):
@@ -105,10 +119,10 @@ class ShapesCaptions(CaptionDataModule):
     def has_split(self, split: str) -> bool:
         return split in ("train", "val")
 
-    def load_records(self, split: str) -> list[CaptionRecord]:
+    def load_records(self, split: str, skipped: list[str]) -> list[CaptionRecord]:
         if split == "test":
             raise ValueError("the shapes data set has train and val splits only")
-        return read_coco_captions(*self.files()[split])
+        return read_coco_captions(*self.files()[split], skipped=skipped)
 
 
 class CocoCaptions(CaptionDataModule):
@@ -124,9 +138,9 @@ class CocoCaptions(CaptionDataModule):
         files = self.splits.get(split)
         return bool(files and files.get("annotations"))
 
-    def load_records(self, split: str) -> list[CaptionRecord]:
+    def load_records(self, split: str, skipped: list[str]) -> list[CaptionRecord]:
         files = split_files(self.splits, split, ("annotations", "images"))
-        return read_coco_captions(files["annotations"], files["images"])
+        return read_coco_captions(files["annotations"], files["images"], skipped=skipped)
 
 
 class KarpathyCaptions(CaptionDataModule):
@@ -136,5 +150,5 @@ class KarpathyCaptions(CaptionDataModule):
         super().__init__(**kwargs)
         self.annotations, self.images = annotations, images
 
-    def load_records(self, split: str) -> list[CaptionRecord]:
-        return read_karpathy(self.annotations, self.images, split)
+    def load_records(self, split: str, skipped: list[str]) -> list[CaptionRecord]:
+        return read_karpathy(self.annotations, self.images, split, skipped=skipped)

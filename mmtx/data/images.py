@@ -3,16 +3,22 @@
 Data sets in the wild hold grayscale, palette, alpha, CMYK and 16-bit files, JPEGs whose
 pixels are stored sideways with an EXIF orientation tag, and the odd truncated download.
 `load_image` turns all of them into the one thing the transforms expect, and turns every
-decoder failure into an `ImageLoadError` that says which file broke and why.
+decoder failure into an `ImageLoadError` that says which file broke and why. `check_image` is
+its cheap counterpart for a pre-flight scan (headers, checksums, the end of a JPEG), and
+`scan_images` runs it over a whole split with a progress bar.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageOps
+from tqdm import tqdm
 
 # Transparent pixels are composited onto white: transparent regions in logos, icons and
 # scanned documents are meant to be shown on a (white) page, and white keeps dark line art
@@ -21,6 +27,8 @@ ALPHA_BACKGROUND: tuple[int, int, int] = (255, 255, 255)
 
 _ALPHA_MODES = frozenset({"RGBA", "RGBa", "LA", "La", "PA"})
 _TIFF_BITS_PER_SAMPLE = 258
+_JPEG_END = b"\xff\xd9"  # the EOI marker every complete JPEG ends with (before any zero padding)
+_SCAN_THREADS = 8  # checking is mostly waiting for the disk: threads overlap that
 
 
 class ImageLoadError(Exception):
@@ -47,14 +55,9 @@ def load_image(path: str | os.PathLike) -> Image.Image:
             in a mode that has no RGB meaning; the message names the file.
     """
     path = Path(path)
-    try:
-        size = path.stat().st_size
-    except OSError as err:
-        raise ImageLoadError(path, err.strerror or type(err).__name__) from err
-    if not path.is_file():
-        raise ImageLoadError(path, "not a regular file")
-    if size == 0:
-        raise ImageLoadError(path, "file is empty")
+    problem = _file_problem(path)
+    if problem is not None:
+        raise ImageLoadError(path, problem)
     # Decoders signal broken input with many exception types (OSError, SyntaxError,
     # struct.error, IndexError from malformed EXIF, DecompressionBombError, ...), so this
     # boundary converts all of them, keeping the original as the cause.
@@ -64,6 +67,74 @@ def load_image(path: str | os.PathLike) -> Image.Image:
             return _to_rgb(ImageOps.exif_transpose(raw))
     except Exception as err:
         raise ImageLoadError(path, f"{type(err).__name__}: {err}") from err
+
+
+def check_image(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be loaded, or None if it looks fine; far cheaper than `load_image`.
+
+    Checks that the file exists, is not empty and is an image Pillow can open within its
+    decompression-bomb limit, then its integrity as cheaply as the format allows: a PNG's
+    chunk checksums (``verify``), a JPEG's end-of-image marker (a full decode only when the
+    marker is missing, as some cameras append data after it), a full decode for other formats.
+    A file that passes can still fail to decode (corrupt data inside a complete JPEG); such
+    failures are left to `load_image` during training. Reasons read as `load_image`'s do.
+    """
+    path = Path(path)
+    problem = _file_problem(path)
+    if problem is not None:
+        return problem
+    try:
+        with Image.open(path) as img:
+            fmt = img.format
+            if fmt == "PNG":
+                img.verify()
+            elif fmt != "JPEG":
+                _to_rgb(ImageOps.exif_transpose(img))  # loads, and finds modes with no RGB meaning
+        if fmt == "JPEG" and not _ends_like_jpeg(path):
+            with Image.open(path) as img:
+                img.draft("RGB", (1, 1))  # decode at 1/8 scale: every byte is still read
+                img.load()
+    except Exception as err:  # as in load_image: decoders raise many types
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def scan_images(paths: Iterable[str | os.PathLike], desc: str = "checking images") -> dict[Path, str]:
+    """``{path: reason}`` for each of ``paths`` that `check_image` finds bad (each path once).
+
+    Runs on a few threads with a progress bar on the terminal (none when output is redirected).
+    """
+    unique = list(dict.fromkeys(Path(p) for p in paths))
+    bad: dict[Path, str] = {}
+    threads = min(_SCAN_THREADS, os.cpu_count() or 1, max(1, len(unique) // 64))
+    with ThreadPoolExecutor(threads) as pool, tqdm(
+        total=len(unique), desc=desc, unit="img", file=sys.stderr, disable=None, leave=False
+    ) as bar:
+        for path, problem in zip(unique, pool.map(check_image, unique)):
+            if problem is not None:
+                bad[path] = problem
+            bar.update()
+    return bad
+
+
+def _file_problem(path: Path) -> str | None:
+    """Why ``path`` is not a readable, non-empty regular file (None if it is)."""
+    try:
+        size = path.stat().st_size
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the name
+        return getattr(err, "strerror", None) or f"{type(err).__name__}: {err}"
+    if not path.is_file():
+        return "not a regular file"
+    if size == 0:
+        return "file is empty"
+    return None
+
+
+def _ends_like_jpeg(path: Path) -> bool:
+    """Whether the file ends with the JPEG end-of-image marker, ignoring trailing zero bytes."""
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - 4096))
+        return f.read().rstrip(b"\0").endswith(_JPEG_END)
 
 
 def _to_rgb(img: Image.Image) -> Image.Image:

@@ -162,29 +162,37 @@ class Tokenizer:
         return cls(backend)
 
     @classmethod
-    def from_file(cls, path: str | Path, *, lowercase: bool = True) -> Tokenizer:
-        """Load a ``tokenizer.json`` or a BERT ``vocab.txt`` (chosen by the ``.txt`` suffix).
+    def from_file(cls, path: str | Path, *, lowercase: bool | None = None) -> Tokenizer:
+        """Load a ``tokenizer.json``, a BERT ``vocab.txt``, or GPT-2's ``vocab.json`` with the
+        ``merges.txt`` beside it (chosen by the file name: ``vocab.json``, else ``*.txt``, else JSON).
 
-        A directory means its ``tokenizer.json``, or its ``vocab.txt`` when it
-        has no ``tokenizer.json``. ``lowercase`` applies only to ``vocab.txt``
-        (uncased vs cased BERT); a ``tokenizer.json`` carries its own normaliser.
+        A directory means its ``tokenizer.json``, else its ``vocab.txt``, else its
+        ``vocab.json`` + ``merges.txt`` (the files of a Hugging Face model directory).
+        ``lowercase`` applies only to ``vocab.txt`` (uncased vs cased BERT); by default it is
+        the ``do_lower_case`` of a ``tokenizer_config.json`` beside it, else True. The other
+        formats carry their own normalisation.
         """
         path = Path(path)
         if path.is_dir():
-            json_path, vocab_path = path / "tokenizer.json", path / "vocab.txt"
-            if json_path.is_file():
-                path = json_path
-            elif vocab_path.is_file():
-                path = vocab_path
+            for name in ("tokenizer.json", "vocab.txt", "vocab.json"):
+                if (path / name).is_file():
+                    path = path / name
+                    break
             else:
-                raise TokenizerError(f"{path}: directory has no tokenizer.json or vocab.txt")
+                raise TokenizerError(
+                    f"{path}: directory has no tokenizer.json or vocab.txt (nor GPT-2's vocab.json + merges.txt)"
+                )
         if not path.is_file():
             raise TokenizerError(f"{path}: tokenizer file not found")
+        if path.name == "vocab.json":
+            return cls._from_bpe_files(path, path.with_name("merges.txt"))
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
             raise TokenizerError(f"{path}: cannot read tokenizer file ({err})") from err
         if path.suffix == ".txt":
+            if lowercase is None:
+                lowercase = _do_lower_case(path.with_name("tokenizer_config.json"))
             return cls._from_vocab_txt(text, path, lowercase=lowercase)
         return cls._from_json(text, source=str(path))
 
@@ -197,13 +205,15 @@ class Tokenizer:
     def _from_json(cls, text: str, source: str) -> Tokenizer:
         try:
             json.loads(text)  # A clearer message than the library's for non-JSON input.
-        except json.JSONDecodeError as err:
+        except (ValueError, RecursionError) as err:  # also: nested too deeply, a 5000-digit number
             raise TokenizerError(f"{source}: not valid JSON ({err})") from err
         try:
             backend = tokenizers.Tokenizer.from_str(text)
         except Exception as err:  # The library raises plain Exception.
             raise TokenizerError(f"{source}: not a valid tokenizer.json ({err})") from err
-        return cls(backend)
+        tokenizer = cls(backend)
+        _check_usable(tokenizer, source)
+        return tokenizer
 
     @classmethod
     def _from_vocab_txt(cls, text: str, path: Path, lowercase: bool) -> Tokenizer:
@@ -223,6 +233,20 @@ class Tokenizer:
         backend.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
         backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         backend.decoder = decoders.WordPiece()
+        return cls(backend)
+
+    @classmethod
+    def _from_bpe_files(cls, vocab_path: Path, merges_path: Path) -> Tokenizer:
+        """GPT-2's byte-level BPE from its ``vocab.json`` and ``merges.txt``."""
+        if not merges_path.is_file():
+            raise TokenizerError(f"{vocab_path}: no merges.txt beside it (GPT-2's BPE needs both files)")
+        try:
+            model = models.BPE.from_file(str(vocab_path), str(merges_path))
+        except Exception as err:  # The library raises plain Exception.
+            raise TokenizerError(f"{vocab_path}, {merges_path}: not a valid BPE vocabulary ({err})") from err
+        backend = tokenizers.Tokenizer(model)
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.decoder = decoders.ByteLevel()
         return cls(backend)
 
     # ------------------------------------------------------------------ saving
@@ -306,7 +330,13 @@ class Tokenizer:
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
         """Token ids of ``text``, framed as ``[BOS] ... [EOS]`` when ``add_special``."""
-        ids = self._backend.encode(text, add_special_tokens=False).ids
+        try:
+            ids = self._backend.encode(text, add_special_tokens=False).ids
+        except TypeError as err:  # a lone surrogate ("\ud800") cannot cross into the library
+            problem = _invalid_unicode([text])
+            if problem is None:
+                raise
+            raise TokenizerError(problem) from err
         return [self.bos_id, *ids, self.eos_id] if add_special else ids
 
     def encode_batch(
@@ -321,7 +351,13 @@ class Tokenizer:
             raise ValueError(f"max_length must be >= 2 to hold [BOS] and [EOS], got {max_length}")
         if isinstance(texts, str):
             raise TypeError("encode_batch expects a sequence of strings, got a single str")
-        encodings = self._backend.encode_batch_fast(list(texts), add_special_tokens=False)
+        try:
+            encodings = self._backend.encode_batch_fast(list(texts), add_special_tokens=False)
+        except TypeError as err:  # a lone surrogate ("\ud800") cannot cross into the library
+            problem = _invalid_unicode(texts)
+            if problem is None:
+                raise
+            raise TokenizerError(problem) from err
         room = max_length - 2
         bodies = [encoding.ids[:room] for encoding in encodings]
         width = max((len(body) for body in bodies), default=-2) + 2
@@ -370,3 +406,45 @@ class Tokenizer:
         except ValueError:
             return ids
         return ids[: end if skip_special else end + 1]
+
+
+def _do_lower_case(config_path: Path) -> bool:
+    """A Hugging Face ``tokenizer_config.json``'s ``do_lower_case`` (True if absent)."""
+    if not config_path.is_file():
+        return True
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise TokenizerError(f"{config_path}: cannot read ({err})") from err
+    return bool(config.get("do_lower_case", True)) if isinstance(config, dict) else True
+
+
+def _invalid_unicode(texts: Sequence[str]) -> str | None:
+    """Which of ``texts`` is not valid Unicode (a lone surrogate), in words; None if all are."""
+    for k, text in enumerate(texts):
+        try:
+            text.encode("utf-8")
+        except (UnicodeEncodeError, AttributeError) as err:
+            if isinstance(err, AttributeError):
+                return None  # not a string at all: the library's TypeError says so
+            return (f"text {k} is not valid Unicode: lone surrogate U+{ord(text[err.start]):04X} "
+                    f"at character {err.start}")
+    return None
+
+
+_PROBE = "A red Circle, 3 \u00e9t\u00e9s \u2603 \u4e2d [UNK] ##x"  # unknown characters included
+
+
+def _check_usable(tokenizer: Tokenizer, source: str) -> None:
+    """Refuse a tokenizer.json that loads but cannot work: one whose model fails on text it
+    does not know (say WordPiece without its unknown token), or whose ids run past the
+    vocabulary (the embedding table would be indexed out of range)."""
+    try:
+        tokenizer.backend.encode(_PROBE, add_special_tokens=False)
+    except Exception as err:  # The library raises plain Exception.
+        raise TokenizerError(f"{source}: the tokenizer cannot encode text ({err})") from err
+    top = max(tokenizer.backend.get_vocab(with_added_tokens=True).values())
+    if top >= tokenizer.vocab_size:
+        raise TokenizerError(
+            f"{source}: token ids are not contiguous (id {top} in a vocabulary of {tokenizer.vocab_size})"
+        )

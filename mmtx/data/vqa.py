@@ -7,7 +7,8 @@ splits come without annotations. Images are found by id in one folder, named as 
 them (``COCO_val2014_000000123456.jpg``) or by the bare id (``000000123456.jpg``, ``123456.png``).
 
 Like the caption readers, `read_vqa` checks everything up front and fails with an
-`AnnotationError` that names the file and the entry or ids at fault. Answers are kept as the
+`AnnotationError` that names the file and the entries or ids at fault, or, given a
+``skipped`` list, leaves the bad entries out and describes them there. Answers are kept as the
 annotators typed them: the official accuracy decides when to normalise them
 (`mmtx.metrics.vqa`).
 """
@@ -24,8 +25,10 @@ from typing import Any
 
 from mmtx.data.captions import (
     AnnotationError,
+    EntryProblems,
     _as_object,
     _atomic_write_json,
+    _invalid_text,
     _load_json_object,
     _optional,
     _require,
@@ -49,38 +52,57 @@ class VqaRecord:
 
 
 def read_vqa(
-    questions: str | os.PathLike, annotations: str | os.PathLike | None, images: str | os.PathLike
+    questions: str | os.PathLike,
+    annotations: str | os.PathLike | None,
+    images: str | os.PathLike,
+    skipped: list[str] | None = None,
 ) -> list[VqaRecord]:
     """Read an official VQA questions file, its annotations file if given, and locate the images.
 
     Returns one record per question, sorted by question id. Every question needs an
-    annotation (annotations for questions not in the file are ignored, so a subset of the
-    questions can be evaluated) and every image id needs exactly one file directly inside
-    `images`; the folder is listed once.
+    annotation with at least one answer (annotations for questions not in the file are
+    ignored, so a subset of the questions can be evaluated) and every image id needs exactly
+    one file directly inside `images`; the folder is listed once.
+
+    Bad entries raise one `AnnotationError` naming them all. With a ``skipped`` list they are
+    left out instead (a question whose annotation is bad or absent goes too) and described
+    there; an image id with no file then keeps the path it would have under its COCO name,
+    for the image check to report as missing.
     """
     questions_file, root = Path(questions), Path(images)
     data = _load_json_object(questions_file)
     entries = _require(data, "questions", list, questions_file, "")
     subtype = _optional(data, "data_subtype", str, questions_file, "")
+    problems = EntryProblems(questions_file, skipped)
 
     parsed: dict[int, tuple[int, str]] = {}  # question id -> (image id, question)
     for i, entry in enumerate(entries):
         where = f"questions[{i}]"
-        entry = _as_object(entry, questions_file, where)
-        question_id = _require(entry, "question_id", int, questions_file, where)
-        image_id = _require(entry, "image_id", int, questions_file, where)
-        text = " ".join(_require(entry, "question", str, questions_file, where).split())
-        if question_id in parsed:
-            raise AnnotationError(f"{questions_file}: {where}.question_id: duplicate question id {question_id}")
-        if not text:
-            raise AnnotationError(f"{questions_file}: {where}.question: empty question")
-        parsed[question_id] = (image_id, text)
+        try:
+            entry = _as_object(entry, questions_file, where)
+            question_id = _require(entry, "question_id", int, questions_file, where)
+            image_id = _require(entry, "image_id", int, questions_file, where)
+            text = " ".join(_require(entry, "question", str, questions_file, where).split())
+            if question_id in parsed:
+                raise AnnotationError(f"{questions_file}: {where}.question_id: duplicate question id {question_id}")
+            if not text:
+                raise AnnotationError(f"{questions_file}: {where}.question: empty question")
+            parsed[question_id] = (image_id, text)
+        except AnnotationError as err:
+            problems.add(err)
+    problems.finish()
 
-    labels = {} if annotations is None else _read_annotations(Path(annotations), parsed, questions_file)
-    paths = _locate_images(root, {image_id for image_id, _ in parsed.values()}, subtype, questions_file)
+    if annotations is not None:
+        labels = _read_annotations(Path(annotations), parsed, questions_file, skipped)
+        parsed = {question_id: parsed[question_id] for question_id in labels}
+    else:
+        labels = {}
+    paths = _locate_images(root, {image_id for image_id, _ in parsed.values()}, subtype, questions_file, skipped)
     records = []
     for question_id in sorted(parsed):
         image_id, text = parsed[question_id]
+        if image_id not in paths:  # several files for it: in `skipped`
+            continue
         answers, answer_type, question_type = labels.get(question_id, ((), None, None))
         records.append(
             VqaRecord(question_id, image_id, paths[image_id], text, answers, answer_type, question_type)
@@ -134,37 +156,45 @@ def write_vqa(
 
 
 def _read_annotations(
-    file: Path, questions: dict[int, tuple[int, str]], questions_file: Path
+    file: Path, questions: dict[int, tuple[int, str]], questions_file: Path, skipped: list[str] | None
 ) -> dict[int, tuple[tuple[str, ...], str | None, str | None]]:
-    """{question id: (answers, answer type, question type)} for every question in `questions`."""
+    """{question id: (answers, answer type, question type)} for the questions of `questions`
+    that have a good annotation (all of them, or an AnnotationError, unless skipping)."""
     data = _load_json_object(file)
     entries = _require(data, "annotations", list, file, "")
+    problems = EntryProblems(file, skipped)
     labels: dict[int, tuple[tuple[str, ...], str | None, str | None]] = {}
+    seen: set[int] = set()
     for i, entry in enumerate(entries):
         where = f"annotations[{i}]"
-        entry = _as_object(entry, file, where)
-        question_id = _require(entry, "question_id", int, file, where)
-        image_id = _require(entry, "image_id", int, file, where)
-        if question_id in labels:
-            raise AnnotationError(f"{file}: {where}.question_id: duplicate question id {question_id}")
-        if question_id not in questions:
-            continue
-        if image_id != questions[question_id][0]:
-            raise AnnotationError(
-                f"{file}: {where}.image_id: image id {image_id}, but question {question_id} in "
-                f"{questions_file} is about image {questions[question_id][0]}"
-            )
-        answers = _answers(_require(entry, "answers", list, file, where), file, where)
-        answer_type = _optional(entry, "answer_type", str, file, where)
-        question_type = _optional(entry, "question_type", str, file, where)
-        labels[question_id] = (answers, answer_type, question_type)
+        try:
+            entry = _as_object(entry, file, where)
+            question_id = _require(entry, "question_id", int, file, where)
+            if question_id not in questions:
+                continue
+            if question_id in seen:
+                raise AnnotationError(f"{file}: {where}.question_id: duplicate question id {question_id}")
+            seen.add(question_id)  # from here on, a problem is this question's only report
+            image_id = _require(entry, "image_id", int, file, where)
+            if image_id != questions[question_id][0]:
+                raise AnnotationError(
+                    f"{file}: {where}.image_id: image id {image_id}, but question {question_id} in "
+                    f"{questions_file} is about image {questions[question_id][0]}"
+                )
+            answers = _answers(_require(entry, "answers", list, file, where), file, where)
+            answer_type = _optional(entry, "answer_type", str, file, where)
+            question_type = _optional(entry, "question_type", str, file, where)
+            labels[question_id] = (answers, answer_type, question_type)
+        except AnnotationError as err:
+            problems.add(err)
 
-    unanswered = [question_id for question_id in questions if question_id not in labels]
+    unanswered = [question_id for question_id in questions if question_id not in seen]
     if unanswered:
-        raise AnnotationError(
+        problems.add(
             f"{file}: no annotation for {len(unanswered)} question(s) of {questions_file}, "
             f"e.g. question ids {_some(unanswered)}"
         )
+    problems.finish()
     return labels
 
 
@@ -173,15 +203,23 @@ def _answers(entries: list[Any], file: Path, where: str) -> tuple[str, ...]:
     answers = tuple(entry.get("answer") if isinstance(entry, dict) else None for entry in entries)
     if not answers:
         raise AnnotationError(f"{file}: {where}.answers: no answers")
-    if not all(isinstance(answer, str) for answer in answers):
+    if not all(isinstance(answer, str) and not _invalid_text(answer) for answer in answers):
         for k, entry in enumerate(entries):  # find the culprit for the message
             at = f"{where}.answers[{k}]"
             _require(_as_object(entry, file, at), "answer", str, file, at)
     return answers
 
 
-def _locate_images(root: Path, image_ids: set[int], subtype: str | None, questions_file: Path) -> dict[int, Path]:
-    """{image id: its file} for `image_ids`, from one listing of `root`."""
+def _locate_images(
+    root: Path, image_ids: set[int], subtype: str | None, questions_file: Path, skipped: list[str] | None = None
+) -> dict[int, Path]:
+    """{image id: its file} for `image_ids`, from one listing of `root`.
+
+    An id with no file, or with several, is an AnnotationError; with a ``skipped`` list, an id
+    with no file gets the path of its COCO name instead (for the image check to report as
+    missing) and an id with several files is left out and described in ``skipped``.
+    """
+    strict = skipped is None
     found: dict[int, list[Path]] = {}
     try:
         with os.scandir(root) as listing:
@@ -192,18 +230,23 @@ def _locate_images(root: Path, image_ids: set[int], subtype: str | None, questio
     except OSError as err:
         raise AnnotationError(f"{root}: cannot list the image folder of {questions_file}: {err.strerror}") from err
 
-    missing = [image_id for image_id in image_ids if image_id not in found]
-    if missing:
+    missing = sorted(image_id for image_id in image_ids if image_id not in found)
+    if missing and strict:
         example = f"COCO_{subtype}_{missing[0]:012d}.jpg, " if subtype else ""
         raise AnnotationError(
             f"{root}: no image file for {len(missing)} image id(s) of {questions_file}, e.g. ids "
             f"{_some(missing)}; expected names like {example}{missing[0]:012d}.jpg or {missing[0]}.png"
         )
-    clashes = sorted(image_id for image_id in image_ids if len(found[image_id]) > 1)
-    if clashes:
-        names = ", ".join(sorted(path.name for path in found[clashes[0]]))
-        raise AnnotationError(f"{root}: several files for image id {clashes[0]}: {names}")
-    return {image_id: found[image_id][0] for image_id in image_ids}
+    clashes = sorted(image_id for image_id in image_ids if len(found.get(image_id, ())) > 1)
+    for image_id in clashes:
+        names = ", ".join(sorted(path.name for path in found[image_id]))
+        if strict:
+            raise AnnotationError(f"{root}: several files for image id {image_id}: {names}")
+        skipped.append(f"{root}: several files for image id {image_id}: {names}")  # type: ignore[union-attr]
+    paths = {image_id: found[image_id][0] for image_id in image_ids if len(found.get(image_id, ())) == 1}
+    stem = f"COCO_{subtype}_" if subtype else ""
+    paths.update({image_id: root / f"{stem}{image_id:012d}.jpg" for image_id in missing})
+    return paths
 
 
 def _image_id(name: str, subtype: str | None) -> int | None:

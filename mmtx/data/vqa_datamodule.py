@@ -8,26 +8,31 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from mmtx.data.base import ImageTextDataModule, split_files
-from mmtx.data.images import load_image
+from mmtx.data.bad_data import Policy
+from mmtx.data.base import FAILURES_KEY, ImageTextDataModule, ImageTextDataset, split_files
 from mmtx.data.shapes_vqa import generate_shapes_vqa
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.data.vqa import VqaRecord, read_vqa
 
 
-class VqaDataset(Dataset):
-    """One example per question: the image, the question and its ten annotator answers."""
+class VqaDataset(ImageTextDataset):
+    """One example per question: the image, the question and its ten annotator answers (an
+    image that fails to decode is handled as `ImageTextDataset` says)."""
 
-    def __init__(self, records: list[VqaRecord], transform: Any) -> None:
-        self.records, self.transform = records, transform
+    def __init__(self, records: list[VqaRecord], transform: Any, on_bad_image: Policy = "error") -> None:
+        super().__init__(transform, on_bad_image)
+        self.records = records
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def __getitem__(self, i: int) -> dict[str, Any]:
+    def image_path(self, i: int) -> Path:
+        return self.records[i].path
+
+    def example(self, i: int, image: torch.Tensor) -> dict[str, Any]:
         rec = self.records[i]
         return {
-            "image": self.transform(load_image(rec.path)),
+            "image": image,
             "question": rec.question,
             "answers": list(rec.answers),
             "answer_type": rec.answer_type,
@@ -50,6 +55,7 @@ class VqaCollator:
             "question_ids": torch.tensor([e["question_id"] for e in examples]),
             "answers": [e["answers"] for e in examples],
             "answer_types": [e["answer_type"] for e in examples],
+            FAILURES_KEY: [f for e in examples for f in e.get(FAILURES_KEY, ())],
         }
 
 
@@ -59,13 +65,19 @@ class VqaDataModule(ImageTextDataModule):
     def make_dataset(self, records: list[VqaRecord], transform: Any, train: bool) -> Dataset:
         if train:
             records = [r for r in records if r.answers]
-        return VqaDataset(records, transform)
+        return VqaDataset(records, transform, self.on_bad_image)
 
     def make_collator(self) -> VqaCollator:
         return VqaCollator(self.tokenizer, self.max_length)
 
     def texts(self, split: str = "train") -> list[str]:
         return [t for r in self.records(split) for t in (r.question, *dict.fromkeys(r.answers))]
+
+    def describe(self, records: list[VqaRecord]) -> str:
+        return f"their {len(records)} question(s)"
+
+    def input_texts(self, split: str) -> list[tuple[str, str]]:
+        return [(f"question {r.question_id}", r.question) for r in self.records(split)]
 
     def answers(self, split: str = "train") -> list[list[str]]:
         """Each question's annotator answers (to build the answer vocabulary from)."""
@@ -96,10 +108,10 @@ class ShapesVqa(VqaDataModule):
     def has_split(self, split: str) -> bool:
         return split in ("train", "val")
 
-    def load_records(self, split: str) -> list[VqaRecord]:
+    def load_records(self, split: str, skipped: list[str]) -> list[VqaRecord]:
         if split == "test":
             raise ValueError("the shapes VQA data set has train and val splits only")
-        return read_vqa(*self.files()[split])
+        return read_vqa(*self.files()[split], skipped=skipped)
 
 
 class VqaV2(VqaDataModule):
@@ -115,7 +127,7 @@ class VqaV2(VqaDataModule):
         files = self.splits.get(split)
         return bool(files and files.get("questions"))
 
-    def load_records(self, split: str) -> list[VqaRecord]:
+    def load_records(self, split: str, skipped: list[str]) -> list[VqaRecord]:
         needed = ("questions", "images") if split == "test" else ("questions", "annotations", "images")
         files = split_files(self.splits, split, needed)
-        return read_vqa(files["questions"], files.get("annotations"), files["images"])
+        return read_vqa(files["questions"], files.get("annotations"), files["images"], skipped=skipped)

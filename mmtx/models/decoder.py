@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from mmtx.models.text import TextTransformer
-from mmtx.nn.blocks import BlockCache
+from mmtx.nn.blocks import BlockCache, activation_layer
 from mmtx.nn.embeddings import PositionKind
 from mmtx.nn.init import init_weights
 
@@ -17,6 +17,12 @@ class CaptionDecoder(nn.Module):
         vocab_size: output vocabulary (the tokenizer's size).
         context_dim: width of the image tokens it attends to (the encoder's ``dim``).
         tie_embeddings: share the LM head's weight with the token embedding (Press & Wolf 2017).
+        norm_first, activation, type_vocab_size, embed_norm: the body's options (see
+            :class:`TextTransformer`); BERT decoders are post-norm with type embeddings and an
+            embedding norm, GPT-2 uses ``activation="gelu_tanh"``.
+        head_transform: BERT's prediction head: Linear -> activation -> LayerNorm before the
+            vocabulary projection.
+        head_bias: a bias on the vocabulary projection (BERT).
     """
 
     def __init__(
@@ -35,14 +41,28 @@ class CaptionDecoder(nn.Module):
         attn_dropout: float = 0.0,
         norm_eps: float = 1e-6,
         pad_id: int | None = 0,
+        norm_first: bool = True,
+        activation: str = "gelu",
+        type_vocab_size: int = 0,
+        embed_norm: bool = False,
+        head_transform: bool = False,
+        head_bias: bool = False,
     ) -> None:
         super().__init__()
         self.body = TextTransformer(
             vocab_size, dim, depth, num_heads, mlp_ratio, max_length, pos_embed, causal=True,
             context_dim=context_dim, qkv_bias=qkv_bias, dropout=dropout, attn_dropout=attn_dropout,
-            norm_eps=norm_eps, pad_id=pad_id,
+            norm_eps=norm_eps, pad_id=pad_id, norm_first=norm_first, activation=activation,
+            type_vocab_size=type_vocab_size, embed_norm=embed_norm,
         )
-        self.lm_head = nn.Linear(dim, vocab_size, bias=False)
+        self.head_transform = (
+            nn.Sequential(nn.Linear(dim, dim), activation_layer(activation), nn.LayerNorm(dim, eps=norm_eps))
+            if head_transform
+            else None
+        )
+        self.lm_head = nn.Linear(dim, vocab_size, bias=head_bias)
+        if self.head_transform is not None:
+            self.head_transform.apply(init_weights)
         init_weights(self.lm_head)
         if tie_embeddings:
             self.lm_head.weight = self.body.token_embed.weight
@@ -50,6 +70,14 @@ class CaptionDecoder(nn.Module):
     @property
     def max_length(self) -> int:
         return self.body.max_length
+
+    @property
+    def vocab_size(self) -> int:
+        return self.body.vocab_size
+
+    @property
+    def pad_id(self) -> int | None:
+        return self.body.pad_id
 
     def new_cache(self, max_length: int | None = None) -> list[BlockCache]:
         return self.body.new_cache(max_length)
@@ -64,4 +92,6 @@ class CaptionDecoder(nn.Module):
     ) -> Tensor:
         """``input_ids`` (B, T), ``context`` (B, S, context_dim) -> logits (B, T, vocab_size)."""
         h = self.body(input_ids, context, context_mask=context_mask, cache=cache)
+        if self.head_transform is not None:
+            h = self.head_transform(h)
         return self.lm_head(h)

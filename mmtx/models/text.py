@@ -13,7 +13,7 @@ from mmtx.nn.rotary import Rotary
 
 
 class TextTransformer(nn.Module):
-    """Embeds token ids and runs them through pre-norm blocks.
+    """Embeds token ids and runs them through transformer blocks (pre-norm by default).
 
     ``causal=True`` with a ``context_dim`` gives a decoder body (masked self-attention plus
     cross-attention to, e.g., image tokens); the defaults give a bidirectional encoder.
@@ -23,6 +23,11 @@ class TextTransformer(nn.Module):
         max_length: longest sequence (size of the learned position table; KV cache length).
         pos_embed: ``learned`` (BERT/GPT-2), ``sinusoidal`` (Vaswani et al.) or ``rope``.
         pad_id: id whose embedding is kept at zero.
+        norm_first: pre-norm blocks and a final norm (GPT-2); False: post-norm blocks and no
+            final norm (BERT).
+        activation: the MLP activation (``gelu``; ``gelu_tanh`` for GPT-2).
+        type_vocab_size: > 0 adds BERT's token-type (segment) embeddings; type 0 unless given.
+        embed_norm: a LayerNorm on the summed embeddings (BERT).
     """
 
     def __init__(
@@ -41,35 +46,58 @@ class TextTransformer(nn.Module):
         attn_dropout: float = 0.0,
         norm_eps: float = 1e-6,
         pad_id: int | None = 0,
+        norm_first: bool = True,
+        activation: str = "gelu",
+        type_vocab_size: int = 0,
+        embed_norm: bool = False,
     ) -> None:
         super().__init__()
         self.pos_kind = check_position_kind(pos_embed)
         self.dim, self.num_heads, self.max_length, self.causal = dim, num_heads, max_length, causal
+        self.norm_first = norm_first
         self.token_embed = nn.Embedding(vocab_size, dim, padding_idx=pad_id)
         self.pos_embed = nn.Embedding(max_length, dim) if pos_embed == "learned" else None
+        self.type_embed = nn.Embedding(type_vocab_size, dim) if type_vocab_size > 0 else None
+        self.embed_norm = nn.LayerNorm(dim, eps=norm_eps) if embed_norm else None
         self.rotary = Rotary(dim // num_heads) if pos_embed == "rope" else None
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
             TransformerBlock(
                 dim, num_heads, mlp_ratio, context_dim=context_dim, qkv_bias=qkv_bias,
-                dropout=dropout, attn_dropout=attn_dropout, norm_eps=norm_eps,
+                dropout=dropout, attn_dropout=attn_dropout, norm_eps=norm_eps, norm_first=norm_first,
+                activation=activation,
             )
             for _ in range(depth)
         )
-        self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.norm = nn.LayerNorm(dim, eps=norm_eps) if norm_first else nn.Identity()
         self.apply(init_weights)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.token_embed.num_embeddings
+
+    @property
+    def pad_id(self) -> int | None:
+        return self.token_embed.padding_idx
 
     def new_cache(self, max_length: int | None = None) -> list[BlockCache]:
         """Empty per-block decoding state for up to ``max_length`` tokens."""
         return [BlockCache(KVCache(max_length or self.max_length)) for _ in self.blocks]
 
-    def embed(self, input_ids: Tensor, start: int = 0) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
-        """Token embeddings plus positions ``start..start+T`` (B, T, dim), and rotary tables if any."""
+    def embed(
+        self, input_ids: Tensor, start: int = 0, token_type_ids: Tensor | None = None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+        """Token embeddings plus positions ``start..start+T`` (B, T, dim), and rotary tables if any.
+
+        With token-type embeddings, ``token_type_ids`` (B, T) picks each token's type (default 0).
+        """
         T = input_ids.shape[1]
         if start + T > self.max_length:
             raise ValueError(f"sequence of {start + T} tokens exceeds max_length={self.max_length}")
         positions = torch.arange(start, start + T, device=input_ids.device)
         x = self.token_embed(input_ids)
+        if self.type_embed is not None:
+            x = x + (self.type_embed.weight[0] if token_type_ids is None else self.type_embed(token_type_ids))
         rope = None
         if self.pos_kind == "learned":
             x = x + self.pos_embed(positions)
@@ -77,6 +105,8 @@ class TextTransformer(nn.Module):
             x = x + sinusoidal_1d(positions, self.dim).to(x.dtype)
         else:
             rope = self.rotary(positions)
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
         return self.drop(x), rope
 
     def forward(
@@ -87,6 +117,7 @@ class TextTransformer(nn.Module):
         mask: Tensor | None = None,
         context_mask: Tensor | None = None,
         cache: list[BlockCache] | None = None,
+        token_type_ids: Tensor | None = None,
     ) -> Tensor:
         """``input_ids`` (B, T) -> hidden states (B, T, dim) after the final norm.
 
@@ -94,7 +125,7 @@ class TextTransformer(nn.Module):
         tokens and their positions continue from the cached length.
         """
         start = cache[0].self_kv.length if cache else 0
-        x, rope = self.embed(input_ids, start)
+        x, rope = self.embed(input_ids, start, token_type_ids)
         if self.causal:
             # Right padding: causality already keeps real tokens from seeing the pads after them,
             # so the padding mask is redundant and dropping it keeps the fused causal kernel.

@@ -49,7 +49,8 @@ class TwoStreamModel(nn.Module):
     Args:
         vision: the image stream (its patch embedding, positions and blocks are used; its final
             norm is applied after the co-attention layers).
-        text: the text stream, likewise.
+        text: the text stream, likewise. The co-attention layers place their norms as each
+            stream does (pre-norm ViT, post-norm BERT).
         co_layers: number of co-attention layers (ViLBERT: 6 in the base model).
         joint_dim: width of the pooled joint representation.
     """
@@ -64,7 +65,8 @@ class TwoStreamModel(nn.Module):
         self.vision, self.text = vision, text
         self.co_layers = nn.ModuleList(
             CoAttentionLayer(
-                vision.dim, text.dim, vision.num_heads, text.num_heads, mlp_ratio, dropout=dropout
+                vision.dim, text.dim, vision.num_heads, text.num_heads, mlp_ratio, dropout=dropout,
+                vision_norm_first=vision.norm_first, text_norm_first=text.norm_first,
             )
             for _ in range(co_layers)
         )

@@ -19,7 +19,7 @@ from mmtx.nn.rotary import Rotary
 
 
 class VisionEncoder(nn.Module):
-    """Conv patch embedding, a CLS token, positions, and a stack of pre-norm blocks.
+    """Conv patch embedding, a CLS token, positions, and a stack of transformer blocks.
 
     Args:
         image_size: the training image size; learned positions are stored for its grid and
@@ -27,6 +27,10 @@ class VisionEncoder(nn.Module):
         patch_size: side of the square patches.
         dim, depth, num_heads, mlp_ratio: the transformer's width, blocks, heads, MLP expansion.
         pos_embed: ``learned`` (ViT), ``sinusoidal`` (fixed 2-D) or ``rope`` (axial 2-D rotary).
+        norm_first: pre-norm blocks and a final norm (ViT); False: post-norm blocks, no final norm.
+        activation: the MLP activation (``gelu``, ``gelu_tanh``, ``relu``).
+        pos_antialias: antialias the bicubic resampling of learned positions when the grid
+            shrinks (timm does; Hugging Face's ViT does not).
     """
 
     def __init__(
@@ -43,10 +47,14 @@ class VisionEncoder(nn.Module):
         dropout: float = 0.0,
         attn_dropout: float = 0.0,
         norm_eps: float = 1e-6,
+        norm_first: bool = True,
+        activation: str = "gelu",
+        pos_antialias: bool = False,
     ) -> None:
         super().__init__()
         self.pos_kind = check_position_kind(pos_embed)
         self.dim, self.num_heads, self.image_size = dim, num_heads, image_size
+        self.norm_first, self.pos_antialias = norm_first, pos_antialias
         self.patch_embed = PatchEmbed(patch_size, in_chans, dim)
         self.grid_size = self.patch_embed.grid(image_size, image_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
@@ -60,11 +68,11 @@ class VisionEncoder(nn.Module):
         self.blocks = nn.ModuleList(
             TransformerBlock(
                 dim, num_heads, mlp_ratio, qkv_bias=qkv_bias, dropout=dropout,
-                attn_dropout=attn_dropout, norm_eps=norm_eps,
+                attn_dropout=attn_dropout, norm_eps=norm_eps, norm_first=norm_first, activation=activation,
             )
             for _ in range(depth)
         )
-        self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.norm = nn.LayerNorm(dim, eps=norm_eps) if norm_first else nn.Identity()
         self.apply(init_weights)
         nn.init.normal_(self.cls_token, std=0.02)
 
@@ -72,7 +80,8 @@ class VisionEncoder(nn.Module):
         """Additive position table (1, 1 + h*w, dim) for a grid of patches."""
         if self.pos_kind == "learned":
             cls_pos, patch_pos = self.pos_embed[:, :1], self.pos_embed[:, 1:]
-            return torch.cat([cls_pos, resample_positions(patch_pos, self.grid_size, grid)], dim=1)
+            patch_pos = resample_positions(patch_pos, self.grid_size, grid, antialias=self.pos_antialias)
+            return torch.cat([cls_pos, patch_pos], dim=1)
         table = sinusoidal_2d(*grid, self.dim, device=self.cls_token.device)
         return torch.cat([table.new_zeros(1, self.dim), table])[None].to(self.cls_token.dtype)
 

@@ -33,6 +33,10 @@ class VqaClassifier(nn.Module):
         )
         self.head.apply(init_weights)
 
+    @property
+    def num_answers(self) -> int:
+        return self.head[-1].out_features
+
     def forward(self, images: Tensor, input_ids: Tensor, text_mask: Tensor) -> Tensor:
         """Answer logits (B, num_answers)."""
         return self.head(self.backbone(images, input_ids, text_mask).pooled)

@@ -1,21 +1,37 @@
-"""The MLP and the pre-norm residual block that every tower stacks."""
+"""The MLP and the residual block (pre-norm by default, post-norm as an option) that every tower stacks."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from torch import Tensor, nn
 
 from mmtx.nn.attention import Attention, KVCache
 
+# MLP activations by name: GELU (erf, as in ViT and BERT), its tanh approximation (GPT-2's
+# "gelu_new"), ReLU
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "gelu": nn.GELU,
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
+    "relu": nn.ReLU,
+}
+
+
+def activation_layer(name: str) -> nn.Module:
+    """The activation module called ``name`` (a key of :data:`ACTIVATIONS`)."""
+    if name not in ACTIVATIONS:
+        raise ValueError(f"activation={name!r} is not one of {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[name]()
+
 
 class Mlp(nn.Module):
-    """Position-wise feed-forward network: Linear -> GELU -> Linear."""
+    """Position-wise feed-forward network: Linear -> activation (GELU by default) -> Linear."""
 
-    def __init__(self, dim: int, hidden_dim: int, dropout: float = 0.0) -> None:
+    def __init__(self, dim: int, hidden_dim: int, dropout: float = 0.0, activation: str = "gelu") -> None:
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden_dim)
-        self.act = nn.GELU()
+        self.act = activation_layer(activation)
         self.fc2 = nn.Linear(hidden_dim, dim)
         self.drop = nn.Dropout(dropout)
 
@@ -32,7 +48,10 @@ class BlockCache:
 
 
 class TransformerBlock(nn.Module):
-    """Pre-norm residual block: ``x + SelfAttn(LN(x))``, ``+ CrossAttn(LN(x), context)``, ``+ MLP(LN(x))``.
+    """Residual block: self-attention, optional cross-attention, MLP, each with a LayerNorm.
+
+    Pre-norm (default; ViT, GPT-2): ``x = x + f(LN(x))`` for each sub-layer ``f``.
+    Post-norm (``norm_first=False``; BERT, the original transformer): ``x = LN(x + f(x))``.
 
     Args:
         dim: width of the stream.
@@ -44,6 +63,8 @@ class TransformerBlock(nn.Module):
             cross-attention + MLP only).
         dropout: dropout on each residual branch; ``attn_dropout`` on the attention weights.
         norm_eps: LayerNorm epsilon (1e-6 as in ViT, 1e-12 as in BERT, 1e-5 as in GPT-2).
+        norm_first: pre-norm (True) or post-norm (False) residuals.
+        activation: the MLP's activation (see :data:`ACTIVATIONS`).
     """
 
     def __init__(
@@ -58,8 +79,11 @@ class TransformerBlock(nn.Module):
         dropout: float = 0.0,
         attn_dropout: float = 0.0,
         norm_eps: float = 1e-6,
+        norm_first: bool = True,
+        activation: str = "gelu",
     ) -> None:
         super().__init__()
+        self.norm_first = norm_first
         attn_kw = dict(qkv_bias=qkv_bias, attn_dropout=attn_dropout, proj_dropout=dropout)
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps) if self_attention else None
         self.attn = Attention(dim, num_heads, **attn_kw) if self_attention else None
@@ -70,7 +94,10 @@ class TransformerBlock(nn.Module):
             else None
         )
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout, activation)
+
+    def _residual(self, x: Tensor, norm: nn.Module, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        return x + sublayer(norm(x)) if self.norm_first else norm(x + sublayer(x))
 
     def forward(
         self,
@@ -85,16 +112,16 @@ class TransformerBlock(nn.Module):
     ) -> Tensor:
         """``x`` (B, T, dim); ``mask`` (B, T) and ``context_mask`` (B, S) are True on real tokens."""
         if self.attn is not None:
-            x = x + self.attn(
-                self.norm1(x), key_padding_mask=mask, causal=causal, rope=rope,
-                cache=cache.self_kv if cache is not None else None,
-            )
+            self_kv = cache.self_kv if cache is not None else None
+            x = self._residual(x, self.norm1, lambda h: self.attn(
+                h, key_padding_mask=mask, causal=causal, rope=rope, cache=self_kv
+            ))
         if self.cross_attn is not None:
-            x = x + self.cross_attn(
-                self.norm_cross(x), context, key_padding_mask=context_mask,
-                cache=cache.cross_kv if cache is not None else None,
-            )
-        return x + self.mlp(self.norm2(x))
+            cross_kv = cache.cross_kv if cache is not None else None
+            x = self._residual(x, self.norm_cross, lambda h: self.cross_attn(
+                h, context, key_padding_mask=context_mask, cache=cross_kv
+            ))
+        return self._residual(x, self.norm2, self.mlp)
 
 
 class CoAttentionLayer(nn.Module):
@@ -103,7 +130,9 @@ class CoAttentionLayer(nn.Module):
     Each stream's queries attend to the *other* stream's keys/values (both reading the other's
     input, so the exchange is simultaneous), the result is added to its own residual and passed
     through its own MLP; then each stream runs a regular self-attention block. The two streams
-    may have different widths and head counts.
+    may have different widths and head counts, and each stream's blocks place their norms as
+    that stream does (``vision_norm_first``/``text_norm_first``: a post-norm BERT text stream
+    gets post-norm blocks, whose outputs need no final norm).
     """
 
     def __init__(
@@ -113,14 +142,20 @@ class CoAttentionLayer(nn.Module):
         vision_heads: int,
         text_heads: int,
         mlp_ratio: float = 4.0,
+        *,
+        vision_norm_first: bool = True,
+        text_norm_first: bool = True,
         **block_kwargs,
     ) -> None:
         super().__init__()
-        kw = dict(mlp_ratio=mlp_ratio, **block_kwargs)
-        self.vision_cross = TransformerBlock(vision_dim, vision_heads, context_dim=text_dim, self_attention=False, **kw)
-        self.text_cross = TransformerBlock(text_dim, text_heads, context_dim=vision_dim, self_attention=False, **kw)
-        self.vision_self = TransformerBlock(vision_dim, vision_heads, **kw)
-        self.text_self = TransformerBlock(text_dim, text_heads, **kw)
+        v_kw = dict(mlp_ratio=mlp_ratio, norm_first=vision_norm_first, **block_kwargs)
+        t_kw = dict(mlp_ratio=mlp_ratio, norm_first=text_norm_first, **block_kwargs)
+        self.vision_cross = TransformerBlock(
+            vision_dim, vision_heads, context_dim=text_dim, self_attention=False, **v_kw
+        )
+        self.text_cross = TransformerBlock(text_dim, text_heads, context_dim=vision_dim, self_attention=False, **t_kw)
+        self.vision_self = TransformerBlock(vision_dim, vision_heads, **v_kw)
+        self.text_self = TransformerBlock(text_dim, text_heads, **t_kw)
 
     def forward(
         self,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import lightning as L
+import numpy as np
+import torch
 
 from mmtx.checkpoint import DATA_KEY, TASK_KEY
 from mmtx.generation import GenerationConfig
@@ -45,3 +48,42 @@ class Task(L.LightningModule):
         checkpoint[TASK_KEY] = f"{type(self).__module__}.{type(self).__qualname__}"
         if self.data_config is not None:
             checkpoint[DATA_KEY] = self.data_config
+        checkpoint[RNG_KEY] = rng_state()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # applied when training resumes, not now: the sanity-check validation draws from them too
+        self._resumed_rng = checkpoint.get(RNG_KEY)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """First batch after a resume: the random state the interrupted run had at that point."""
+        if getattr(self, "_resumed_rng", None) is not None:
+            set_rng_state(self._resumed_rng)
+            self._resumed_rng = None
+
+    def mean_over_processes(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` averaged over the data-parallel processes (itself on one process)."""
+        if self.trainer.world_size == 1:
+            return value
+        return self.all_gather(value.detach()).float().mean()
+
+
+RNG_KEY = "mmtx_rng"
+
+
+def rng_state() -> dict[str, Any]:
+    """The random generators' states (torch CPU and accelerator, Python, NumPy) as plain data."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state["numpy"] = [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

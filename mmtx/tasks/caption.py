@@ -69,10 +69,15 @@ class CaptionTask(Task):
 
     # --- training ------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        loss = self.model.loss(
-            batch["images"], batch["input_ids"], self.tokenizer.pad_id, self.hparams.label_smoothing
-        )
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch["images"].shape[0])
+        pad_id = self.tokenizer.pad_id
+        loss = self.model.loss(batch["images"], batch["input_ids"], pad_id, self.hparams.label_smoothing)
+        if self.trainer.world_size > 1:
+            # DDP averages the processes' gradients: weighting each process's mean by its share of
+            # the tokens makes the update (and the logged loss) the mean over the global batch's
+            # tokens, exactly as one process with the whole batch would compute it
+            tokens = (batch["input_ids"][:, 1:] != pad_id).sum()
+            loss = loss * tokens / self.mean_over_processes(tokens)
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["images"].shape[0], sync_dist=True)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=batch["images"].shape[0])
         return loss
 

@@ -1,0 +1,104 @@
+"""Which examples each process reads, in what order: the same for any number of processes, resumable.
+
+Every process draws the same seeded permutation of the data set for an epoch and keeps every
+``world_size``-th index from its ``rank``, so the examples of global batch ``k`` (all processes'
+``k``-th batches together) are those of batch ``k`` of a single process with the whole global
+batch: a DDP run and a one-process run see the same data in the same order. Each example also
+gets its own random seed, drawn with the permutation, that fixes its augmentation whatever worker
+process decodes it; and a run resumed mid-epoch starts at the batch where it stopped. With both,
+a resumed run replays exactly what the uninterrupted one would have done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, Sampler
+
+
+class ShardedBatchSampler(Sampler[list[tuple[int, int]]]):
+    """Batches of ``(index, seed)`` pairs for one process of ``world_size``.
+
+    Args:
+        size: examples in the data set.
+        batch_size: examples per batch *per process*.
+        shuffle: a new permutation each epoch (training); else the data set's order.
+        drop_last: drop the last incomplete global batch (training). Without it (evaluation)
+            the index list is padded with repeats of its start so every process gets the same
+            number of examples, as ``DistributedSampler`` does; the evaluation removes repeats.
+        seed: the run's seed; the permutation and per-example seeds come from ``(seed, epoch)``.
+    """
+
+    def __init__(
+        self, size: int, batch_size: int, *, shuffle: bool, drop_last: bool, seed: int = 0,
+        rank: int = 0, world_size: int = 1,
+    ) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+        if batch_size <= 0:
+            raise ValueError(f"batch_size={batch_size} must be positive")
+        self.size, self.batch_size, self.shuffle, self.drop_last = size, batch_size, shuffle, drop_last
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.epoch = 0
+        self._skip: tuple[int, int] | None = None  # (epoch, batches already taken) after a resume
+
+    def set_epoch(self, epoch: int) -> None:
+        """Called by Lightning at the start of every epoch."""
+        self.epoch = epoch
+
+    def resume(self, epoch: int, batches_done: int) -> None:
+        """Start ``epoch`` after its first ``batches_done`` batches (once)."""
+        self.epoch, self._skip = epoch, (epoch, batches_done)
+
+    def _share(self) -> int:
+        """Examples per process per epoch."""
+        if self.drop_last:  # whole global batches only
+            return self.size // (self.batch_size * self.world_size) * self.batch_size
+        return -(-self.size // self.world_size)  # every example, the last ones padded with repeats
+
+    def __len__(self) -> int:
+        """Batches per epoch for this process (a resumed epoch yields only the rest of them)."""
+        return -(-self._share() // self.batch_size)
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        order = torch.randperm(self.size, generator=g) if self.shuffle else torch.arange(self.size)
+        seeds = torch.randint(2**62, (self.size,), generator=g)
+        total = self._share() * self.world_size
+        if total > self.size:  # evaluation on several processes: pad so every share is equal
+            order = order.repeat(-(-total // self.size))
+        mine = order[:total][self.rank :: self.world_size].tolist()
+        seeds = seeds.tolist()
+
+        start = 0
+        if self._skip is not None:
+            epoch, done = self._skip
+            self._skip = None
+            if epoch == self.epoch:
+                start = done
+        for b in range(start, len(self)):
+            batch = mine[b * self.batch_size : (b + 1) * self.batch_size]
+            yield [(i, seeds[i]) for i in batch]
+
+
+class SeededDataset(Dataset):
+    """Reads ``dataset[index]`` with the random generators seeded from the sampler's per-example seed.
+
+    Random augmentations (torchvision draws from torch's global generator) then depend on the
+    example and the epoch only, not on which worker process decodes it or what it decoded
+    before; the caller's generator state is left as it was.
+    """
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, item: tuple[int, int]) -> Any:
+        index, seed = item
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return self.dataset[index]

@@ -1,0 +1,207 @@
+"""Publishing a trained model in an open format, and loading it back without Lightning or pickles.
+
+An export directory holds three files:
+
+- ``model.safetensors``: the weights (a tied weight is stored once, under its first name);
+- ``config.json``: the model's constructor config, ``_target_`` classes of ``mmtx.models`` with
+  their arguments (enough to rebuild it), and what using it needs: the task it was trained
+  for, the image size and normalisation, the decoding settings, a VQA classifier's answers;
+- ``tokenizer.json``.
+
+:func:`load_exported` rebuilds the model from these alone; only classes from ``mmtx.models``
+may be named in the config, so loading one runs no code from the files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from hydra.utils import get_object, instantiate
+from torch import Tensor, nn
+
+from mmtx.data.tokenizer import Tokenizer
+from mmtx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from mmtx.pretrained.convert import tied_names
+from mmtx.safetensors import SafetensorsError, load_file, save_file
+
+__all__ = ["ExportError", "Exported", "export", "export_task", "load_exported", "model_config"]
+
+FORMAT, FORMAT_VERSION = "mmtx", 1
+WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.json"
+ALLOWED_TARGETS = "mmtx.models."  # the only code an exported config may name
+
+
+class ExportError(ValueError):
+    """An export that cannot be written, or a directory that is not a valid export."""
+
+
+class Exported(NamedTuple):
+    """A loaded export: the model (eval mode), its tokenizer and the whole ``config.json``."""
+
+    model: nn.Module
+    tokenizer: Tokenizer
+    config: dict[str, Any]
+
+
+# ------------------------------------------------------------------------------------ writing
+
+
+def export(
+    model: nn.Module, tokenizer: Tokenizer, out: str | Path, config: Mapping[str, Any], **info: Any
+) -> Path:
+    """Write ``model`` (built from the constructor ``config``), its tokenizer, and ``info``
+    (JSON values for ``config.json``) into the directory ``out``; returns it."""
+    out = Path(out)
+    _check_targets(config, "config")
+    aliases = tied_names(model)
+    state = {name: tensor for name, tensor in model.state_dict().items() if name not in aliases}
+    document = {"format": FORMAT, "format_version": FORMAT_VERSION, **info, "model": dict(config)}
+    try:
+        text = json.dumps(document, indent=2)
+    except TypeError as e:
+        raise ExportError(f"the config of {type(model).__name__} is not plain JSON: {e}") from e
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(state, out / WEIGHTS, metadata={"format": "pt"})
+    tokenizer.save(out / TOKENIZER)
+    (out / CONFIG).write_text(text + "\n", encoding="utf-8")
+    return out
+
+
+def export_task(task: Any, out: str | Path) -> Path:
+    """Export a trained mmtx task (what :func:`mmtx.checkpoint.load_task` returns): its model,
+    tokenizer, the image size it was trained at, its decoding settings and answer vocabulary."""
+    model = task.model
+    info: dict[str, Any] = {"task": f"{type(task).__module__}.{type(task).__qualname__}"}
+    vision = _vision_tower(model)
+    if vision is not None:
+        size = (getattr(task, "data_config", None) or {}).get("image_size") or vision.image_size
+        info.update(image_size=size, image_mean=list(IMAGENET_MEAN), image_std=list(IMAGENET_STD))
+    if getattr(task, "generation", None) is not None:
+        info["generation"] = dataclasses.asdict(task.generation)
+    if getattr(task, "answers", None):
+        info["answers"] = list(task.answers)
+    return export(model, task.tokenizer, out, model_config(task.hparams["model"], model), **info)
+
+
+def model_config(config: Mapping[str, Any], model: Any) -> dict[str, Any]:
+    """The constructor config that rebuilds ``model``, from the ``config`` it was built with.
+
+    What a task filled in at build time (the tokenizer's ``vocab_size`` and ``pad_id``, a
+    classifier's ``num_answers`` ...) is read back from the model's attributes of the same
+    names where the config leaves them out or null and they differ from the constructor's
+    default; a tower loaded from pretrained files (:mod:`mmtx.pretrained`) is replaced by the
+    plain architecture it was built with (``build_config``), so the export needs no other file.
+    """
+    built = getattr(model, "build_config", None)
+    if isinstance(built, dict):
+        return dict(built)
+    if "_target_" not in config:
+        raise ExportError(f"no _target_ in the config of {type(model).__name__}")
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping) and "_target_" in value:
+            if not hasattr(model, key):
+                raise ExportError(f"config key {key!r} has no matching attribute in {type(model).__name__}")
+            out[key] = model_config(value, getattr(model, key))
+        else:
+            out[key] = value
+    for name, default in _constructor_parameters(get_object(config["_target_"])).items():
+        value = getattr(model, name, None)
+        if out.get(name) is None and isinstance(value, (bool, int, float, str, list, tuple)) and value != default:
+            out[name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def _constructor_parameters(target: Any) -> dict[str, Any]:
+    """Named parameters of a constructor and their defaults (``inspect.Parameter.empty`` if
+    none), following ``**kwargs`` into the bases' constructors (TextEncoder's)."""
+    functions = [target] if not inspect.isclass(target) else [
+        cls.__init__ for cls in target.__mro__ if "__init__" in vars(cls) and cls not in (nn.Module, object)
+    ]  # fmt: skip
+    names: dict[str, Any] = {}
+    for fn in functions:
+        params = list(inspect.signature(fn).parameters.values())
+        for p in params:
+            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                names.setdefault(p.name, p.default)
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            break
+    return names
+
+
+def _vision_tower(model: nn.Module) -> nn.Module | None:
+    for path in ("encoder", "backbone.vision"):
+        module: Any = model
+        for part in path.split("."):
+            module = getattr(module, part, None)
+        if module is not None and hasattr(module, "image_size"):
+            return module
+    return None
+
+
+# ------------------------------------------------------------------------------------ reading
+
+
+def load_exported(path: str | Path, device: str | torch.device = "cpu") -> Exported:
+    """Rebuild an exported model (eval mode, on ``device``) with its tokenizer; see the module doc."""
+    path = Path(path)
+    config_path = path / CONFIG
+    if not config_path.is_file():
+        raise ExportError(f"{path}: not an mmtx export (no {CONFIG})")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ExportError(f"{config_path}: cannot read ({e})") from e
+    if not isinstance(config, dict) or config.get("format") != FORMAT or not isinstance(config.get("model"), dict):
+        raise ExportError(f"{config_path}: not an mmtx export config (format {FORMAT!r} with a 'model')")
+    if config.get("format_version", 0) > FORMAT_VERSION:
+        raise ExportError(f"{config_path}: format_version {config['format_version']} is newer than this mmtx reads")
+    _check_targets(config["model"], f"{config_path}: model")
+    model = instantiate(config["model"], _convert_="all")
+    try:
+        tensors = load_file(path / WEIGHTS)
+    except SafetensorsError as e:
+        raise ExportError(str(e)) from e
+    load_weights(model, tensors, str(path / WEIGHTS))
+    tokenizer = Tokenizer.from_file(path / TOKENIZER)
+    return Exported(model.to(device).eval(), tokenizer, config)
+
+
+def load_weights(model: nn.Module, tensors: Mapping[str, Tensor], source: str) -> None:
+    """Load ``tensors`` (tied weights under their first name only) into ``model``, exactly:
+    every tensor present, none unknown, every shape right."""
+    aliases = tied_names(model)
+    own = {name: t for name, t in model.state_dict().items() if name not in aliases}
+    missing, unknown = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
+    if missing or unknown:
+        raise ExportError(
+            f"{source} does not match {type(model).__name__}: missing {missing[:5]}, unknown {unknown[:5]}"
+        )
+    for name, tensor in tensors.items():
+        if tensor.shape != own[name].shape:
+            raise ExportError(
+                f"{source}: '{name}' has shape {tuple(tensor.shape)}, the model needs {tuple(own[name].shape)}"
+            )
+    model.load_state_dict({**tensors, **{alias: tensors[name] for alias, name in aliases.items()}})
+
+
+def _check_targets(node: Any, where: str) -> None:
+    """Only ``mmtx.models`` classes may be built, and no Hydra options that would run other code."""
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            if key == "_target_":
+                if not (isinstance(value, str) and value.startswith(ALLOWED_TARGETS)):
+                    raise ExportError(f"{where}: _target_ {value!r} is not a class of {ALLOWED_TARGETS.rstrip('.')}")
+            elif isinstance(key, str) and key.startswith("_") and key.endswith("_"):
+                raise ExportError(f"{where}: Hydra option {key!r} is not allowed in an export")
+            else:
+                _check_targets(value, f"{where}.{key}")
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            _check_targets(value, f"{where}[{i}]")

@@ -1,0 +1,113 @@
+"""GPT-2 checkpoints as a :class:`CaptionDecoder`.
+
+GPT-2 is pre-norm with a final norm (as mmtx's default blocks), uses the tanh approximation of
+GELU, and stores its projections as ``Conv1D`` weights of shape (in, out): transposed here.
+Cross-attention (``crossattention`` + ``ln_cross_attn``, written by ``add_cross_attention=True``
+models such as VisionEncoderDecoder's) is imported when present, else new.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from mmtx.models.decoder import CaptionDecoder
+from mmtx.pretrained.convert import (
+    Tensors,
+    activation_name,
+    context_width,
+    extend_rows,
+    first_rows,
+    head_count,
+    load_converted,
+    mlp_ratio,
+    new_cross_attention,
+    setting,
+    sub_config,
+)
+from mmtx.pretrained.files import Pretrained, PretrainedError
+
+log = logging.getLogger(__name__)
+
+ANCHOR = "wte.weight"
+# one block's tensors: our name -> GPT-2's, under "h.{i}."; Conv1D weights are transposed
+LAYER = {"norm1": "ln_1", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "norm2": "ln_2",
+         "mlp.fc1": "mlp.c_fc", "mlp.fc2": "mlp.c_proj"}  # fmt: skip
+CROSS = {"norm_cross": "ln_cross_attn", "cross_attn.q": "crossattention.q_attn",
+         "cross_attn.kv": "crossattention.c_attn", "cross_attn.proj": "crossattention.c_proj"}  # fmt: skip
+# causal-mask buffers older transformers versions saved with the weights
+IGNORED = ("h.*.attn.bias", "h.*.attn.masked_bias", "h.*.crossattention.bias", "h.*.crossattention.masked_bias")
+
+
+def gpt2_decoder(
+    ckpt: Pretrained,
+    prefix: str,
+    *,
+    vocab_size: int | None = None,
+    context_dim: int | None = None,
+    max_length: int | None = None,
+    pad_id: int | None = None,
+    num_heads: int | None = None,
+    dropout: float | None = None,
+    attn_dropout: float | None = None,
+) -> CaptionDecoder:
+    """A :class:`CaptionDecoder` from GPT-2 weights under ``prefix`` (see :func:`mmtx.pretrained.load_decoder`)."""
+    t = Tensors(ckpt, prefix)
+    src = t.source
+    config = sub_config(ckpt.config, "decoder")
+    if config.get("model_type", "gpt2") != "gpt2":
+        raise PretrainedError(f"{src}: config.json has model_type={config['model_type']!r}, not GPT-2")
+    if not setting(config, "scale_attn_weights", True) or setting(config, "scale_attn_by_inverse_layer_idx", False):
+        raise PretrainedError(f"{src}: attention scaling other than 1/sqrt(head width) is not supported")
+
+    converted = {"body.token_embed.weight": t.take("wte.weight"), "body.pos_embed.weight": t.take("wpe.weight")}
+    depth = t.count("h.{i}.ln_1.weight")
+    if depth == 0:
+        raise PretrainedError(f"{src}: no blocks ('{prefix}h.0.ln_1.weight')")
+    cross = t.has("h.0.crossattention.c_attn.weight")
+    for i in range(depth):
+        for ours, theirs in {**LAYER, **(CROSS if cross else {})}.items():
+            weight, name = t.take(f"h.{i}.{theirs}.weight")
+            is_norm = ours.startswith("norm")
+            converted[f"body.blocks.{i}.{ours}.weight"] = (weight if is_norm else weight.t(), name)
+            converted[f"body.blocks.{i}.{ours}.bias"] = t.take(f"h.{i}.{theirs}.bias")
+    for param in ("weight", "bias"):
+        converted[f"body.norm.{param}"] = t.take(f"ln_f.{param}")
+    parent = prefix.removesuffix("transformer.")
+    head = t.at(parent)
+    tied = True
+    if head.has("lm_head.weight"):  # absent when tied (save_pretrained and the Hub's gpt2 files)
+        weight = head.take("lm_head.weight")
+        tied = torch.equal(weight[0], converted["body.token_embed.weight"][0])
+        if not tied:
+            converted["lm_head.weight"] = weight
+    t.check_all_taken([prefix[len(parent):] + pattern for pattern in IGNORED], within=parent)
+
+    vocab, dim = converted["body.token_embed.weight"][0].shape
+    hidden = converted["body.blocks.0.mlp.fc1.weight"][0].shape[0]
+    kwargs = dict(
+        vocab_size=vocab_size or vocab, dim=dim, depth=depth,
+        context_dim=context_width(converted.get("body.blocks.0.cross_attn.kv.weight"), context_dim, dim, src),
+        num_heads=head_count(num_heads, config.get("n_head"), dim, src), mlp_ratio=mlp_ratio(hidden, dim, src),
+        max_length=max_length or converted["body.pos_embed.weight"][0].shape[0], pos_embed="learned",
+        tie_embeddings=tied, qkv_bias=True,
+        dropout=setting(config, "resid_pdrop", 0.1) if dropout is None else dropout,
+        attn_dropout=setting(config, "attn_pdrop", 0.1) if attn_dropout is None else attn_dropout,
+        norm_eps=setting(config, "layer_norm_epsilon", 1e-5),
+        pad_id=setting(config, "pad_token_id", None) if pad_id is None else pad_id,
+        activation=activation_name(setting(config, "activation_function", "gelu_new"), src),
+    )  # fmt: skip
+    decoder = CaptionDecoder(**kwargs)
+    own = decoder.state_dict()
+    for name in ("body.token_embed.weight", "lm_head.weight"):
+        if name in converted:
+            converted[name] = extend_rows(converted[name], kwargs["vocab_size"], own[name], src, "the vocabulary")
+    converted["body.pos_embed.weight"] = first_rows(
+        converted["body.pos_embed.weight"], kwargs["max_length"], src, "the position table"
+    )
+    load_converted(decoder, converted, src, fresh=[] if cross else new_cross_attention(depth))
+    decoder.build_config = {"_target_": "mmtx.models.decoder.CaptionDecoder", **kwargs}
+    log.info("%s: GPT-2 decoder, width %d, %d blocks, %d heads, cross-attention %s",
+             src, dim, depth, kwargs["num_heads"], "imported" if cross else "new")
+    return decoder

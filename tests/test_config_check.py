@@ -1,0 +1,159 @@
+"""Impossible settings fail at start-up, before any data is generated, read or scanned, with a
+message that names the key and the values allowed; unknown group options are Hydra's to refuse."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import MissingConfigException
+from omegaconf import DictConfig
+
+from mmtx.checkpoint import CheckpointError
+from mmtx.cli.common import CONFIG_DIR, USER_ERRORS
+from mmtx.config_check import ConfigError, check_eval_config, check_train_config
+from tests.bad_inputs import write_tiny_checkpoint
+from tests.helpers import compose_train, train_in_process
+
+
+def _train_cfg(*overrides: str) -> DictConfig:
+    return compose_train([*overrides, "paths.output_dir=/unused"])
+
+
+def _eval_cfg(*overrides: str) -> DictConfig:
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose(config_name="eval", overrides=list(overrides))
+
+
+def _problems(cfg: DictConfig, check=check_train_config) -> str:
+    with pytest.raises(ConfigError) as info:
+        check(cfg)
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    "choices",
+    [[], ["task=pretrain"], ["task=vqa"], ["task=vqa_generative"], ["experiment=caption_coco"],
+     ["experiment=pretrain_shapes"], ["experiment=vqa_shapes"], ["data=karpathy", "data.annotations=a", "data.images=b"],
+     ["model=caption_pretrained", "model.encoder.pretrained=vit", "model.decoder.pretrained=gpt2"],
+     ["model.encoder.pos_embed=rope", "model.decoder.pos_embed=sinusoidal"]],
+)  # fmt: skip
+def test_the_shipped_configs_pass(choices: list[str]) -> None:
+    check_train_config(_train_cfg(*choices))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["model.encoder.dim=30"],
+         "model.encoder.dim=30 is not divisible by model.encoder.num_heads=4 (allowed: a multiple of 4, e.g. 28 or 32)"),
+        (["model.decoder.num_heads=5"], "model.decoder.dim=192 is not divisible by model.decoder.num_heads=5"),
+        (["model.encoder.dim=-64"], "model.encoder.dim=-64 must be a positive integer"),
+        (["model.decoder.depth=-1"], "model.decoder.depth=-1 must be an integer >= 0"),
+        (["data.image_size=40"],
+         "model.encoder.image_size=40 (set by data.image_size) is not a multiple of model.encoder.patch_size=16 "
+         "(allowed: a multiple of 16: 16, 32, 48, ...)"),
+        (["data=coco", "data.image_size=8"],
+         "model.encoder.image_size=8 (set by data.image_size) is smaller than model.encoder.patch_size=16"),
+        (["data.image_size=16"], "data.image_size=16 is below 32, the smallest shapes scenes"),
+        (["data.batch_size=0"], "data.batch_size=0 must be a positive integer"),
+        (["data.max_length=2"], "data.max_length=2 must be an integer >= 3"),
+        (["data.num_workers=-1"], "data.num_workers=-1 must be an integer >= 0"),
+        (["data.crop_scale=[0.8,0.2]"], "data.crop_scale=[0.8, 0.2] must be null or [lo, hi] with 0 < lo <= hi <= 1"),
+        (["data.on_bad_image=ignore"], "data.on_bad_image='ignore' is not one of error, skip"),
+        (["data.on_bad_annotation=warn"], "data.on_bad_annotation='warn' is not one of error, skip"),
+        (["model.encoder.pos_embed=alibi"], "model.encoder.pos_embed='alibi' is not one of learned, sinusoidal, rope"),
+        (["model.encoder.pos_embed=rope", "model.encoder.num_heads=32"],
+         "model.encoder.pos_embed=rope needs a head width (model.encoder.dim / model.encoder.num_heads = 6) divisible by 4"),
+        (["model.decoder.max_length=16"], "model.decoder.max_length=16 is shorter than data.max_length=24 (allowed: >= 24)"),
+        (["model.decoder.context_dim=64"], "model.decoder.context_dim=64 must equal model.encoder.dim=192"),
+        (["model.decoder.dropout=1.5"], "model.decoder.dropout=1.5 must be a number in [0, 1)"),
+        (["task.lr=-0.001"], "task.lr=-0.001 must be a positive number"),
+        (["task.warmup_ratio=1.0"], "task.warmup_ratio=1.0 must be a number in [0, 1)"),
+        (["task.generation.num_beams=0"], "task.generation: invalid generation settings: num_beams=0"),
+        (["tokenizer.kind=char"], "tokenizer.kind='char' is not one of wordpiece, bpe"),
+        (["tokenizer.kind=bpe", "tokenizer.vocab_size=100"],
+         "tokenizer.vocab_size=100 must be an integer >= 263 for tokenizer.kind=bpe"),
+        (["tokenizer.path=/no/such/tokenizer.json"], "tokenizer.path=/no/such/tokenizer.json: no such file"),
+        (["init_from=/no/such.ckpt"], "init_from=/no/such.ckpt: no such checkpoint file"),
+        (["task=pretrain", "model.backbone.vision.patch_size=128"],
+         "model.backbone.vision.image_size=64 (set by data.image_size) is smaller than model.backbone.vision.patch_size=128"),
+        (["task=pretrain", "model.backbone.text.max_length=8"], "model.backbone.text.max_length=8 is shorter than data.max_length=24"),
+        (["task=pretrain", "task.objectives.mlm=0", "task.objectives.mpm=0", "task.objectives.itm=0"],
+         "task.objectives: every loss weight (mlm, mpm, itm, itc) is 0; set one > 0"),
+        (["task=pretrain", "task.objectives.mask_prob=1.5"], "task.objectives.mask_prob=1.5 must be a number in [0, 1]"),
+        (["task=vqa", "task.num_answers=0"], "task.num_answers=0 must be a positive integer"),
+        (["data=karpathy"], "data.annotations is not set (??? in the config): give it, e.g. data.annotations=..."),
+        (["model=caption_pretrained"], "model.encoder.pretrained is not set (??? in the config)"),
+    ],
+)  # fmt: skip
+def test_impossible_values_name_the_key_and_what_is_allowed(overrides: list[str], expected: str) -> None:
+    assert expected in _problems(_train_cfg(*overrides))
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    message = _problems(_train_cfg("model.encoder.dim=30", "data.batch_size=-2", "task.lr=0"))
+    assert message.startswith("invalid config:\n")
+    assert len(message.splitlines()) == 4
+    assert ConfigError in USER_ERRORS  # mmtx-train prints it as one message, no traceback
+
+
+def test_train_checks_before_generating_or_reading_data(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    with pytest.raises(ConfigError, match="model.encoder.dim=30"):
+        train_in_process(["model.encoder.dim=30", f"paths.data_dir={data_dir}", f"paths.output_dir={tmp_path / 'run'}"])
+    assert not data_dir.exists()  # the shapes scenes were never drawn
+
+
+def test_resume_with_a_changed_model_fails_at_start_up(tmp_path: Path) -> None:
+    ckpt = write_tiny_checkpoint(tmp_path / "last.ckpt")
+    tiny = ["model.encoder.dim=32", "model.encoder.depth=1", "model.encoder.num_heads=2", "model.encoder.patch_size=8",
+            "model.decoder.dim=32", "model.decoder.depth=1", "model.decoder.num_heads=2", "data.image_size=32"]  # fmt: skip
+    data_dir = tmp_path / "data"
+    overrides = [f"ckpt_path={ckpt}", f"paths.data_dir={data_dir}", f"paths.output_dir={tmp_path / 'run'}"]
+    with pytest.raises(CheckpointError) as info:
+        train_in_process([*tiny, "model.decoder.dim=64", *overrides])
+    assert "model.decoder.dim: 32 in the checkpoint, 64 now" in str(info.value)
+    assert not data_dir.exists()
+    (tmp_path / "notes.ckpt").write_text("not a checkpoint")
+    with pytest.raises(CheckpointError, match="is a text file, not a PyTorch checkpoint"):
+        check_train_config(_train_cfg(*tiny, f"ckpt_path={tmp_path / 'notes.ckpt'}"))
+
+
+@pytest.mark.parametrize(("group", "option"), [("data", "imagenet"), ("task", "segmentation"), ("model", "huge")])
+def test_unknown_group_options_are_refused_listing_the_options(group: str, option: str) -> None:
+    with pytest.raises(MissingConfigException) as info:
+        _train_cfg(f"{group}={option}")
+    message = str(info.value)
+    assert f"Could not find '{group}/{option}'" in message
+    assert f"Available options in '{group}'" in message
+    listed = {"data": "coco", "task": "caption", "model": "caption_small"}[group]
+    assert listed in message
+
+
+def test_eval_checks_split_image_size_and_data(tmp_path: Path) -> None:
+    ckpt = write_tiny_checkpoint(tmp_path / "last.ckpt")  # patches of 8
+    message = _problems(
+        _eval_cfg(f"ckpt={ckpt}", "split=validation", "image_size=36", "generation.top_p=2"), check_eval_config
+    )
+    assert "split='validation' is not one of train, val, test" in message
+    assert "image_size=36 is not a multiple of the checkpoint's model.encoder.patch_size=8" in message
+    assert "generation: invalid generation settings: top_p=2" in message
+    message = _problems(_eval_cfg(f"ckpt={ckpt}", "data=coco", "data.on_bad_image=maybe"), check_eval_config)
+    assert "data.on_bad_image='maybe' is not one of error, skip" in message
+    check_eval_config(_eval_cfg(f"ckpt={ckpt}", "image_size=48", "data=coco"))
+    assert "ckpt is not set: give the checkpoint to evaluate" in _problems(_eval_cfg(), check_eval_config)
+
+
+def test_the_command_line_reports_config_errors_without_a_traceback(cli, tmp_path: Path) -> None:
+    bad_value, bad_group = cli.run_many(
+        ("mmtx-train", "model.encoder.dim=30", "logger=none", f"hydra.run.dir={tmp_path / 'a'}"),
+        ("mmtx-train", "data=imagenet", f"hydra.run.dir={tmp_path / 'b'}"),
+        cwd=tmp_path, check=False,
+    )
+    assert bad_value.returncode == 1, cli.describe(bad_value)
+    assert "mmtx: invalid config:\n  model.encoder.dim=30 is not divisible" in bad_value.stderr
+    assert bad_group.returncode != 0 and "Could not find 'data/imagenet'" in bad_group.stderr
+    for result in (bad_value, bad_group):
+        assert "Traceback" not in result.stderr, cli.describe(result)

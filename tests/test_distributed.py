@@ -1,0 +1,73 @@
+"""Data-parallel runs on the CPU (2 processes, gloo): the same training and the same metrics as one process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmtx.checkpoint import read_checkpoint
+from tests.test_cli import csv_rows, logged
+
+# 21 validation images: not divisible by 2 processes (or by the evaluation batch of 4)
+DATA = ["data.num_train=40", "data.num_val=21", "data.eval_batch_size=4"]
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def runs(cli, tiny: list[str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One process with batch 16 and two processes with batch 8 each, from the same seed, at once."""
+    root = tmp_path_factory.mktemp("ddp")
+    common = [
+        *tiny, *DATA, f"paths.data_dir={root / 'data'}", "logger=csv", "trainer.log_every_n_steps=1",
+        f"trainer.max_steps={STEPS}", "trainer.limit_val_batches=1", "data.crop_scale=[0.5,1.0]",
+        "model.decoder.dropout=0",  # dropout masks are drawn per process: not comparable
+    ]
+    # the data set is drawn before the two runs start, so they don't both write it; both use its
+    # tokenizer (each learning its own could break ties between merges differently)
+    cli.run("mmtx-train", *common, f"hydra.run.dir={root / 'warmup'}", "trainer.max_steps=1", cwd=root)
+    common.append(f"tokenizer.path={root / 'warmup' / 'tokenizer.json'}")
+    dirs = {"one": root / "one", "two": root / "two"}
+    cli.run_many(
+        ("mmtx-train", *common, f"hydra.run.dir={dirs['one']}", "data.batch_size=16"),
+        ("mmtx-train", *common, f"hydra.run.dir={dirs['two']}", "data.batch_size=8", "trainer=ddp_cpu"),
+        cwd=root,
+    )
+    return dirs
+
+
+@pytest.mark.slow
+def test_ddp_follows_the_single_process_loss_trajectory(runs: dict[str, Path]) -> None:
+    """Same global batch (2 x 8 = 16), same examples, same crops: the same losses step by step
+    and the same weights at the end, up to float summation order."""
+    one, two = (logged(csv_rows(runs[k]), "train/loss") for k in ("one", "two"))
+    assert [s for s, _ in one] == [s for s, _ in two] and len(one) == STEPS
+    losses = torch.tensor([[a for _, a in one], [b for _, b in two]])
+    assert torch.allclose(losses[0], losses[1], rtol=1e-4, atol=1e-5), losses
+    assert losses[0, -1] < losses[0, 0]
+
+    a, b = (read_checkpoint(runs[k] / "checkpoints" / "last.ckpt") for k in ("one", "two"))
+    assert a["global_step"] == b["global_step"] == STEPS
+    for name, w in a["state_dict"].items():
+        assert torch.allclose(w, b["state_dict"][name], rtol=1e-4, atol=1e-5), name
+
+
+@pytest.mark.slow
+def test_distributed_eval_equals_single_process_eval(cli, runs: dict[str, Path], tmp_path: Path) -> None:
+    """21 validation images on 2 processes (one padded with a repeat): every image counted once,
+    the same captions and the same metrics as one process."""
+    ckpt = runs["one"] / "checkpoints" / "last.ckpt"
+    results = {}
+    for name, extra in (("one", []), ("two", ["trainer=ddp_cpu"])):
+        out = tmp_path / name
+        cli.run(
+            "mmtx-eval", f"ckpt={ckpt}", f"output={out}/metrics.json", f"predictions={out}/predictions.json",
+            *extra, cwd=tmp_path,
+        )
+        results[name] = (json.loads((out / "metrics.json").read_text()), json.loads((out / "predictions.json").read_text()))
+    (m1, p1), (m2, p2) = results["one"], results["two"]
+    assert len(p1) == 21 and sorted(p["image_id"] for p in p2) == sorted(p["image_id"] for p in p1)
+    assert sorted(p1, key=lambda p: p["image_id"]) == sorted(p2, key=lambda p: p["image_id"])
+    assert m1 == m2

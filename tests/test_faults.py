@@ -1,0 +1,239 @@
+"""Long runs survive faults: exact resume after SIGKILL, preemption signals, atomic checkpoints,
+non-finite losses; and the data order that makes resume and DDP exact."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from torch import nn
+
+from mmtx.callbacks import NonFiniteLoss, NonFiniteLossError, Preempted, Preemption
+from mmtx.checkpoint import read_checkpoint
+from mmtx.checkpoint_io import AtomicCheckpointIO
+from mmtx.data.sampling import SeededDataset, ShardedBatchSampler
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------ data order
+
+
+def test_processes_share_out_the_global_batches_of_one_process() -> None:
+    """Global batch k of 3 processes (batch 4 each) holds exactly batch k of one process (batch 12)."""
+    one = list(ShardedBatchSampler(50, 12, shuffle=True, drop_last=True, seed=7))
+    three = [list(ShardedBatchSampler(50, 4, shuffle=True, drop_last=True, seed=7, rank=r, world_size=3)) for r in range(3)]
+    assert len(one) == 4 and all(len(p) == 4 for p in three)
+    for k, batch in enumerate(one):
+        assert sorted(batch) == sorted(three[0][k] + three[1][k] + three[2][k])
+    # a new permutation each epoch, the same one for the same (seed, epoch)
+    s = ShardedBatchSampler(50, 12, shuffle=True, drop_last=True, seed=7)
+    s.set_epoch(1)
+    assert list(s) != one
+    s.set_epoch(0)
+    assert list(s) == one
+
+
+def test_evaluation_shares_cover_every_example_with_equal_counts() -> None:
+    shares = [ShardedBatchSampler(25, 4, shuffle=False, drop_last=False, rank=r, world_size=2) for r in range(2)]
+    indices = [[i for batch in s for i, _ in batch] for s in shares]
+    assert len(indices[0]) == len(indices[1]) == 13  # 26 = 25 + one repeat
+    assert sorted(set(indices[0] + indices[1])) == list(range(25))
+    single = [i for batch in ShardedBatchSampler(25, 4, shuffle=False, drop_last=False) for i, _ in batch]
+    assert single == list(range(25))  # one process: no padding, the data set's order
+
+
+def test_resumed_sampler_continues_the_interrupted_epoch_once() -> None:
+    full = list(ShardedBatchSampler(40, 4, shuffle=True, drop_last=True, seed=1))
+    s = ShardedBatchSampler(40, 4, shuffle=True, drop_last=True, seed=1)
+    s.resume(epoch=0, batches_done=3)
+    assert list(s) == full[3:]
+    assert list(s) == full  # the next epoch-0 pass is whole again
+    s.resume(epoch=1, batches_done=3)
+    s.set_epoch(2)  # the saved position belongs to another epoch: ignored
+    assert len(list(s)) == len(full)
+
+
+def test_seeded_dataset_fixes_augmentation_per_example_and_leaves_the_caller_rng() -> None:
+    class Noise(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            return torch.rand(3)
+
+    ds = SeededDataset(Noise())
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    a, b = ds[(1, 123)], ds[(2, 123)]
+    assert torch.equal(a, b) and not torch.equal(a, ds[(1, 124)])
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+# ------------------------------------------------------------------------------ atomic writes
+
+
+def test_atomic_checkpoint_keeps_the_old_file_when_a_write_fails(tmp_path: Path, monkeypatch) -> None:
+    io, path = AtomicCheckpointIO(), tmp_path / "ckpts" / "last.ckpt"
+    io.save_checkpoint({"step": 1, "w": torch.ones(3)}, path)
+    assert torch.load(path, weights_only=True)["step"] == 1
+
+    def dies_halfway(obj, f) -> None:
+        f.write(b"PK\x03\x04 half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", dies_halfway)
+    with pytest.raises(OSError, match="disk full"):
+        io.save_checkpoint({"step": 2, "w": torch.zeros(3)}, path)
+    assert torch.load(path, weights_only=True)["step"] == 1  # still the whole previous checkpoint
+    assert [p.name for p in path.parent.iterdir()] == ["last.ckpt"]  # no temporary left behind
+
+
+# ------------------------------------------------------------------------------ non-finite loss
+
+
+class _Regression(L.LightningModule):
+    """y = Wx on fixed data; the loss is made NaN at the steps in ``nan_at``."""
+
+    def __init__(self, nan_at: set[int]) -> None:
+        super().__init__()
+        self.layer, self.nan_at = nn.Linear(4, 1), nan_at
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.mse_loss(self.layer(x), y)
+        return loss * float("nan") if self.global_step in self.nan_at else loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(32, 4, generator=g)
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
+
+
+def _fit(module: L.LightningModule, tmp_path: Path, *callbacks: L.Callback, steps: int = 6) -> L.Trainer:
+    every_step = L.pytorch.callbacks.ModelCheckpoint(tmp_path, "last", every_n_train_steps=1, enable_version_counter=False)
+    trainer = L.Trainer(
+        max_steps=steps, callbacks=[*callbacks, every_step], logger=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=tmp_path, plugins=[AtomicCheckpointIO()],
+    )
+    trainer.fit(module)
+    return trainer
+
+
+def test_nonfinite_loss_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path: Path) -> None:
+    module = _Regression(nan_at={3})
+    with pytest.raises(NonFiniteLossError, match=r"non-finite loss \(nan\) at step 3.*last\.ckpt.*action=skip"):
+        _fit(module, tmp_path, NonFiniteLoss("stop"))
+    saved = read_checkpoint(tmp_path / "last.ckpt")
+    assert saved["global_step"] == 3
+    assert all(torch.isfinite(t).all() for t in saved["state_dict"].values())
+    assert torch.equal(saved["state_dict"]["layer.weight"], module.layer.weight.detach())  # not updated since
+
+
+def test_nonfinite_loss_skip_drops_only_that_update(tmp_path: Path) -> None:
+    weights = {}
+
+    class Record(L.Callback):
+        def on_train_batch_end(self, trainer, module, *args) -> None:
+            weights[trainer.global_step] = module.layer.weight.detach().clone()
+
+    skip = NonFiniteLoss("skip")
+    trainer = _fit(_Regression(nan_at={2}), tmp_path, skip, Record())
+    assert skip.skipped == 1 and trainer.global_step == 6
+    assert torch.equal(weights[3], weights[2])  # the step with the NaN loss changed nothing
+    assert not torch.equal(weights[4], weights[3])  # and training went on
+    assert all(torch.isfinite(w).all() for w in weights.values())
+
+
+def test_nonfinite_loss_rejects_unknown_actions() -> None:
+    with pytest.raises(ValueError, match="nonfinite_loss.action='ignore'"):
+        NonFiniteLoss("ignore")
+
+
+def test_preemption_signal_saves_then_stops_within_the_step(tmp_path: Path) -> None:
+    """SIGUSR1 during step 3: the run writes its full state to the path and raises Preempted."""
+
+    class Notice(L.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx: int) -> None:
+            if trainer.global_step == 2:
+                os.kill(os.getpid(), signal.SIGUSR1)
+
+    path = tmp_path / "preempted.ckpt"
+    before = signal.getsignal(signal.SIGUSR1)
+    with pytest.raises(Preempted, match=r"stopped by SIGUSR1 at step 3; saved .*preempted\.ckpt"):
+        _fit(_Regression(set()), tmp_path, Notice(), Preemption(str(path)), steps=10)
+    assert read_checkpoint(path)["global_step"] == 3
+    assert signal.getsignal(signal.SIGUSR1) == before  # handlers given back
+
+
+# ------------------------------------------------------------------------------ exact resume
+
+
+def _train(cli, tiny: list[str], run_dir: Path, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
+    """A tiny captioning run of 14 steps: 10 a epoch (batch 32 of 320 pairs), crossing an epoch end
+    (validation), random crops on, last.ckpt every 3 steps. Runs after the first one use its
+    tokenizer: a WordPiece vocabulary learned again may break ties between merges differently."""
+    first = run_dir.parent / "whole" / "tokenizer.json"
+    if first.exists():
+        extra = (f"tokenizer.path={first}", *extra)
+    return cli.run(
+        "mmtx-train", *tiny, "logger=none", f"hydra.run.dir={run_dir}", "data.batch_size=32",
+        "data.crop_scale=[0.5,1.0]", "trainer.max_steps=14", "trainer.max_epochs=-1",
+        "trainer.limit_val_batches=1", "callbacks.step_checkpoint.every_n_train_steps=3", *extra,
+        cwd=run_dir.parent, check=check,
+    )
+
+
+@pytest.fixture()
+def repo_on_path(monkeypatch):
+    """Subprocesses can import ``tests.helpers`` (for the test-only fault callbacks)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+
+
+def _assert_same_state(a: Path, b: Path) -> None:
+    x, y = read_checkpoint(a), read_checkpoint(b)
+    assert x["global_step"] == y["global_step"] == 14
+    assert x["state_dict"].keys() == y["state_dict"].keys()
+    different = [k for k in x["state_dict"] if not torch.equal(x["state_dict"][k], y["state_dict"][k])]
+    assert not different, f"weights differ from the uninterrupted run: {different[:5]}"
+    for p, q in zip(x["optimizer_states"][0]["state"].values(), y["optimizer_states"][0]["state"].values()):
+        assert all(torch.equal(p[k], q[k]) for k in p)
+
+
+@pytest.mark.slow
+def test_killed_run_resumed_from_last_ckpt_ends_bit_identical(cli, tiny: list[str], tmp_path: Path, repo_on_path) -> None:
+    """SIGKILL after step 7 (mid-epoch; last.ckpt of step 6), resume: the same weights and
+    optimizer state at step 14 as a run that was never interrupted."""
+    _train(cli, tiny, tmp_path / "whole")
+    killed = _train(
+        cli, tiny, tmp_path / "killed", "+callbacks.fault._target_=tests.helpers.SignalAtStep",
+        "+callbacks.fault.step=7", "+callbacks.fault.signal=SIGKILL", check=False,
+    )
+    assert killed.returncode == -signal.SIGKILL, cli.describe(killed)
+    last = tmp_path / "killed" / "checkpoints" / "last.ckpt"
+    assert read_checkpoint(last)["global_step"] == 6
+    _train(cli, tiny, tmp_path / "killed", f"ckpt_path={last}")
+    _assert_same_state(tmp_path / "whole" / "checkpoints" / "last.ckpt", last)
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_exits_then_resumes_exactly(cli, tiny: list[str], tmp_path: Path, repo_on_path) -> None:
+    _train(cli, tiny, tmp_path / "whole")
+    stopped = _train(
+        cli, tiny, tmp_path / "stopped", "+callbacks.fault._target_=tests.helpers.SignalAtStep",
+        "+callbacks.fault.step=4", "+callbacks.fault.signal=SIGTERM", check=False,
+    )
+    last = tmp_path / "stopped" / "checkpoints" / "last.ckpt"
+    assert stopped.returncode == 128 + signal.SIGTERM, cli.describe(stopped)
+    assert f"stopped by SIGTERM at step 5; saved {last}" in stopped.stderr
+    assert read_checkpoint(last)["global_step"] == 5  # the step in flight when the notice came
+    _train(cli, tiny, tmp_path / "stopped", f"ckpt_path={last}")
+    _assert_same_state(tmp_path / "whole" / "checkpoints" / "last.ckpt", last)
