@@ -106,8 +106,8 @@ class _AllDone:
     flag into pinned host memory and answers from the last copy that has already landed (an
     event query, never a synchronisation), so the decoding loop keeps the device busy and may run
     a step or two past the point where every row is done. Those steps change nothing: finished
-    rows only receive padding (greedy, trimmed at the end) and finished images' pools are frozen
-    (beam search).
+    rows only receive padding (greedy, cut off at the step where the last row ended) and
+    finished images' pools are frozen (beam search).
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -125,12 +125,6 @@ class _AllDone:
         self.event = torch.cuda.Event()
         self.event.record()
         return False
-
-
-def _trim_padding(tokens: Tensor, pad: int) -> Tensor:
-    """Drop the trailing columns that are padding in every row (at least one column is kept)."""
-    used = int((tokens != pad).any(0).nonzero().max()) + 1 if tokens.numel() and (tokens != pad).any() else 1
-    return tokens[:, :used]
 
 
 @torch.no_grad()
@@ -171,6 +165,7 @@ def _greedy_or_sample(
     tokens = torch.full((B, 1 + cfg.max_new_tokens), pad, dtype=torch.long, device=device)
     tokens[:, 0] = bos
     done = torch.zeros(B, dtype=torch.bool, device=device)
+    ended_at = torch.zeros(B, dtype=torch.long, device=device)  # the step of each row's EOS
     all_done = _AllDone(device)
     for t in range(cfg.max_new_tokens):
         logp = step(tokens[:, : t + 1])
@@ -182,10 +177,14 @@ def _greedy_or_sample(
         else:
             nxt = logp.argmax(-1)
         tokens[:, t + 1] = torch.where(done, pad, nxt)
-        done |= nxt == eos
+        ended = (nxt == eos) & ~done
+        ended_at.masked_fill_(ended, t)
+        done |= ended
         if t + 1 >= cfg.min_new_tokens and all_done(done):  # EOS is banned before min_new_tokens
             break
-    return _trim_padding(tokens[:, 1:], pad)  # up to the column where the last row ended
+    # up to the step where the last row ended (steps run past it on a GPU only added padding)
+    end = int(ended_at.max()) + 2 if bool(done.all()) else tokens.shape[1]
+    return tokens[:, 1:end]
 
 
 def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -252,7 +251,8 @@ def _beam_search(
         # live beams: the best K continuations that did not end
         alive_scores, pick = top_scores.masked_fill(token == eos, neg_inf).topk(K, dim=1)
         alive = seqs.gather(1, pick[..., None].expand(-1, -1, L))
-        step.reorder((rows + src_beam.gather(1, pick)).view(-1))
+        if t + 1 < cfg.max_new_tokens:  # the last step's beams need no history for a next one
+            step.reorder((rows + src_beam.gather(1, pick)).view(-1))
 
         full = fin_scores[:, -1] > neg_inf
         if cfg.early_stopping:

@@ -85,7 +85,8 @@ def make_datamodule(source: str, args: argparse.Namespace, workers: int) -> Any:
     if args.coco_annotations and args.coco_images:
         files = {"annotations": args.coco_annotations, "images": args.coco_images}
     else:
-        annotations, images = synthetic_coco(Path(args.root) / f"coco-synthetic-{args.coco_count}", args.coco_count)
+        root = Path(args.root) / f"coco-synthetic-{args.coco_count}"
+        annotations, images = synthetic_coco(root, args.coco_count)
         files = {"annotations": str(annotations), "images": str(images)}
     return CocoCaptions(train=files, image_size=args.coco_size, **common)
 
