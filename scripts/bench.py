@@ -167,6 +167,7 @@ class MmtxAdapter(Adapter):
     def __init__(self, cfg: BenchConfig) -> None:
         self.model = build_mmtx(cfg)
         self.compiled = torch.compile(self.model) if cfg.compile else None
+        self.encode = torch.compile(self.model.encode) if cfg.compile else self.model.encode
 
     def loss(self, images: torch.Tensor, ids: torch.Tensor, eager: bool = False) -> torch.Tensor:
         forward = self.model if eager or self.compiled is None else self.compiled
@@ -176,7 +177,7 @@ class MmtxAdapter(Adapter):
         from mmtx.generation import GenerationConfig, generate
 
         config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, num_beams=beams)
-        context = self.model.encode(images)
+        context = self.encode(images)
         return generate(self.model.decoder, context, bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID, config=config)
 
 
@@ -626,7 +627,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--reference", action=argparse.BooleanOptionalAction, default=None,
         help="also measure Hugging Face's VisionEncoderDecoderModel (default: when transformers is importable)",
     )
-    run_.add_argument("--compile", action="store_true", help="torch.compile mmtx's model for the training step")
+    run_.add_argument("--compile", action="store_true", help="torch.compile mmtx's model for the training step and its image encoder for generation")
     run_.add_argument("--loss-curve", type=int, default=0, metavar="N",
                       help="also train N steps in fp32 and bf16 on fixed random data and compare the losses")
     run_.add_argument("--peak-tflops", type=float, default=None,

@@ -150,3 +150,46 @@ def test_sinusoidal_matches_the_original_formula():
     pos, i = 17, 3
     assert pe[pos, 2 * i].item() == pytest.approx(math.sin(pos / 10000 ** (2 * i / 16)), abs=1e-5)
     assert pe[pos, 2 * i + 1].item() == pytest.approx(math.cos(pos / 10000 ** (2 * i / 16)), abs=1e-5)
+
+
+def test_grouped_cross_attention_equals_copied_keys_values():
+    """Beams share their image's cached keys/values (no copies) and get what copies would give."""
+    attn = Attention(32, 4, context_dim=24).eval()
+    B, g = 3, 4
+    ctx = torch.randn(B, 7, 24)
+    mask = torch.ones(B, 7, dtype=torch.bool)
+    mask[1, 5:], mask[2, 3:] = False, False  # padded contexts (VQA questions)
+    cache = KVCache(static=True)
+    attn(torch.randn(B, 1, 32), ctx, key_padding_mask=mask, cache=cache)  # fills the cache once
+    stored = cache.k
+    cache.repeat_interleave(g)
+    assert cache.groups == g and cache.k is stored and cache.k.shape[0] == B  # nothing copied
+
+    x = torch.randn(B * g, 2, 32)
+    copied = attn(x, ctx.repeat_interleave(g, 0), key_padding_mask=mask.repeat_interleave(g, 0))
+    torch.testing.assert_close(attn(x, key_padding_mask=mask, cache=cache), copied)
+    # a mask given per query row (B * g rows) reads the same
+    torch.testing.assert_close(attn(x, key_padding_mask=mask.repeat_interleave(g, 0), cache=cache), copied)
+    with pytest.raises(ValueError, match="do not divide"):
+        attn(torch.randn(B * g + 1, 1, 32), cache=cache)
+
+
+def test_reorder_moves_history_into_a_reused_buffer():
+    """Beam reordering: the preallocated cache agrees with a plain concatenating one, and after
+    the first reorder it only swaps between two buffers (no allocation per step)."""
+    bounded, growing = KVCache(max_length=6), KVCache()
+    steps = [torch.randn(3, 2, n, 4) for n in (3, 1, 1, 1)]
+    buffers = set()
+    for i, kv in enumerate(steps):
+        k_b, v_b = bounded.append(kv, -kv)
+        k_g, v_g = growing.append(kv, -kv)
+        torch.testing.assert_close((k_b, v_b), (k_g, v_g), rtol=0, atol=0)
+        index = torch.tensor([[2, 0, 0], [1, 2, 0], [0, 0, 1], [2, 1, 0]][i])
+        bounded.reorder(index)
+        growing.reorder(index)
+        if i > 0:
+            buffers.add(bounded.k.data_ptr())
+    assert len(buffers) == 2
+    n = growing.length
+    torch.testing.assert_close(bounded.k[:, :, :n], growing.k, rtol=0, atol=0)
+    torch.testing.assert_close(bounded.v[:, :, :n], growing.v, rtol=0, atol=0)

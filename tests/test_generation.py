@@ -112,3 +112,34 @@ def test_an_eos_that_is_also_the_bos_ends_captions() -> None:
         out = generate(model.decoder, model.encode(images), bos_id=5, eos_id=5, pad_id=0,
                        config=GenerationConfig(max_new_tokens=6))
     assert out.tolist() == [[5], [5]]  # both images' most likely first token is the EOS
+
+
+class _ScriptedStepper:
+    """Log-probabilities that make row r emit ``script[r][t]`` at step t."""
+
+    def __init__(self, script: list[list[int]], vocab: int = 8) -> None:
+        self.script, self.vocab = script, vocab
+
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        t = tokens.shape[1] - 1
+        logits = torch.zeros(len(self.script), self.vocab)
+        for r, row in enumerate(self.script):
+            logits[r, row[t]] = 10.0
+        return logits.log_softmax(-1)
+
+
+def test_greedy_keeps_an_eos_that_is_also_the_padding() -> None:
+    """With pad == eos (GPT-2), the output ends at the last row's EOS, which stays; rows that
+    ended earlier are padded; nothing after the last EOS is kept."""
+    from mmtx.generation import _greedy_or_sample
+
+    E = 2
+    script = [[4, E, 5, 5, 5, 5, 5], [3, 4, 5, E, 6, 6, 6]]
+    out = _greedy_or_sample(_ScriptedStepper(script), 2, GenerationConfig(max_new_tokens=7), BOS, E, E,
+                            torch.device("cpu"), None)
+    assert out.tolist() == [[4, E, E, E], [3, 4, 5, E]]
+    # a row that never ends keeps every step
+    script[1] = [3, 4, 5, 6, 6, 6, 6]
+    out = _greedy_or_sample(_ScriptedStepper(script), 2, GenerationConfig(max_new_tokens=7), BOS, E, E,
+                            torch.device("cpu"), None)
+    assert out.tolist() == [[4, E, E, E, E, E, E], [3, 4, 5, 6, 6, 6, 6]]
