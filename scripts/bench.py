@@ -19,11 +19,20 @@ How the figures are measured
   and decodes; ``min_new_tokens = max_new_tokens`` so every sequence generates exactly
   ``--new-tokens`` tokens (checked on every call). Greedy and beam search (``--beams``), no sampling,
   KV cache on, fp32 and under bf16 autocast. Median of ``--steps`` after ``--warmup`` calls.
+* ``encode_ms``: encoding the generation batch's images alone (median, as above), the part of
+  generation both models spend on the same ViT; ``greedy_step_ms``/``beam_step_ms`` = (generation
+  time - ``encode_ms``) / ``new_tokens``: what one decoding step costs.
+* ``memory_bandwidth_gbs``: the best copy of a 256 MiB buffer (bytes read + written per second).
+  ``greedy_step_floor_ms``/``beam_step_floor_ms``: the least an fp32 decoding step can take on this
+  machine, the larger of its memory traffic (decoder weights, the images' cross-attention K/V, the
+  self-attention cache) at that bandwidth and its FLOPs at the matmul peak;
+  ``*_step_floor_fraction`` = floor / measured step (1 would be at the hardware's limit).
 * ``train_gflops``: model FLOPs of one training step counted analytically from the shapes (every
   matmul: patch embedding, attention projections, attention scores and values over the full
   square — causal masking not subtracted —, MLPs, LM head; backward = 2x forward, so x3), and
   cross-checked by ``torch.utils.flop_counter.FlopCounterMode`` on a real forward+backward
-  (``train_gflops_counted``; it skips the patch embedding's unneeded input gradient).
+  (``train_gflops_counted``; it skips the patch embedding's unneeded input gradient and counts
+  flash attention's backward as five products, since the kernel recomputes the scores).
 * ``matmul_peak_gflops_fp32/_bf16``: the best of a few large square matmuls on this machine, the
   practical ceiling; ``mfu_fp32/_bf16`` = ``train_gflops / train_step_s / peak`` (``ref_mfu_*``
   from the reference's counted FLOPs). ``torch_threads`` is left at PyTorch's default. On CUDA the bf16
@@ -160,6 +169,10 @@ class Adapter:
         """Generated ids (B, new_tokens), without the start token."""
         raise NotImplementedError
 
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        """The image tokens the decoder reads (what generation computes first)."""
+        raise NotImplementedError
+
 
 class MmtxAdapter(Adapter):
     name = "mmtx"
@@ -167,7 +180,10 @@ class MmtxAdapter(Adapter):
     def __init__(self, cfg: BenchConfig) -> None:
         self.model = build_mmtx(cfg)
         self.compiled = torch.compile(self.model) if cfg.compile else None
-        self.encode = torch.compile(self.model.encode) if cfg.compile else self.model.encode
+        self._encode = torch.compile(self.model.encode) if cfg.compile else self.model.encode
+
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        return self._encode(images)
 
     def loss(self, images: torch.Tensor, ids: torch.Tensor, eager: bool = False) -> torch.Tensor:
         forward = self.model if eager or self.compiled is None else self.compiled
@@ -199,6 +215,9 @@ class ReferenceAdapter(Adapter):
         )
         return out[:, 1:]  # drop the decoder start token
 
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model.encoder(pixel_values=images).last_hidden_state
+
 
 # --------------------------------------------------------------------------------------------
 # FLOPs
@@ -223,6 +242,35 @@ def analytic_train_flops(cfg: BenchConfig) -> dict[str, float]:
         "lm_head": 2 * B * T * d * V,
     }
     return {k: 3.0 * v for k, v in forward.items()}
+
+
+def decode_step_floor_ms(cfg: BenchConfig, rows: int, bandwidth_gbs: float, peak_gflops: float) -> float:
+    """Lower bound (ms) on one fp32 decoding step of ``rows`` sequences: the larger of the bytes it
+    must read at the measured memory bandwidth and the FLOPs it must do at the measured matmul peak.
+
+    Bytes: every decoder weight used per step (self-attention QKV and output, cross-attention Q and
+    output, MLP, LM head; the cross-attention K/V projections ran once, before the loop), the
+    images' cross-attention keys/values (once per image: the beams of an image may share them) and
+    the self-attention cache at its mean length. FLOPs: 2 per multiply-add of the same products.
+    """
+    d, Ld, V = cfg.dim, cfg.dec_layers, cfg.vocab
+    N = (cfg.image // cfg.patch) ** 2 + 1
+    t = 1 + cfg.new_tokens / 2  # mean self-attention length
+    weights = Ld * (4 * d * d + 2 * d * d + 2 * MLP_RATIO * d * d) + V * d
+    cross_kv = cfg.gen_batch * N * 2 * d * Ld
+    self_kv = rows * t * 2 * d * Ld
+    seconds_memory = 4 * (weights + cross_kv + self_kv) / (bandwidth_gbs * 1e9)
+    flops = 2 * rows * weights + rows * Ld * 4 * d * (t + N)
+    seconds_compute = flops / (peak_gflops * 1e9)
+    return 1e3 * max(seconds_memory, seconds_compute)
+
+
+def memory_bandwidth_gbs(device: str, mib: int = 256, repeats: int = 5) -> float:
+    """Best copy bandwidth (bytes read + written per second) of a buffer far larger than caches."""
+    src = torch.empty(mib * 2**20 // 4, device=device).uniform_()
+    dst = torch.empty_like(src)
+    best = min(timed(lambda: dst.copy_(src), device) for _ in range(repeats + 1))
+    return 2 * src.numel() * 4 / best / 1e9
 
 
 # FlopCounterMode passes formulas the shapes of the op's arguments.
@@ -360,6 +408,18 @@ class ModelBench:
             )
         return seconds
 
+    @torch.no_grad()
+    def encode(self, precision: str) -> float:
+        """Seconds to encode the generation batch's images (the part of generation both models
+        spend identically, whatever their decoding loops do)."""
+        self.model.eval()
+
+        def run() -> None:
+            with self._autocast(precision):
+                self.adapter.encode(self.gen_images)
+
+        return timed(run, self.cfg.device)
+
     def memory(self) -> dict[str, float]:
         mem = {"peak_rss_mb": round(peak_rss_mb(), 1)}
         if self.cfg.device == "cuda":
@@ -484,11 +544,18 @@ def measure_speed(workers: list[Worker], cfg: BenchConfig) -> dict[str, float]:
         log(f"training step, {precision}")
         for kind, seconds in interleaved(workers, cfg, "train_step", precision=precision).items():
             out[f"{prefix(kind)}train_step_ms{suffix}"] = round(seconds * 1e3, 1)
+        log(f"image encoding, {precision}")
+        encode = interleaved(workers, cfg, "encode", precision=precision)
+        for kind, seconds in encode.items():
+            out[f"{prefix(kind)}encode_ms{suffix}"] = round(seconds * 1e3, 1)
         for mode, beams in (("greedy", 1), ("beam", cfg.beams)):
             log(f"{mode} generation, {precision}")
             per_kind = interleaved(workers, cfg, "generate", beams=beams, precision=precision)
             for kind, seconds in per_kind.items():
                 out[f"{prefix(kind)}{mode}_tokens_per_s{suffix}"] = round(tokens / seconds, 1)
+                # what decoding adds to encoding, per generated position
+                step = (seconds - encode[kind]) / cfg.new_tokens
+                out[f"{prefix(kind)}{mode}_step_ms{suffix}"] = round(step * 1e3, 2)
     return out
 
 
@@ -507,9 +574,11 @@ def speedups(r: dict[str, Any]) -> dict[str, float]:
 
 
 def utilisation(
-    r: dict[str, Any], flops: dict[str, float], device: str, peak_tflops: float | None
+    r: dict[str, Any], flops: dict[str, float], cfg: BenchConfig, peak_tflops: float | None
 ) -> dict[str, Any]:
-    """Measured matmul peaks and the fraction of them a training step reaches (MFU)."""
+    """Measured matmul peaks and the fraction of them a training step reaches (MFU); the memory
+    bandwidth and how close a decoding step comes to its floor (fp32)."""
+    device = cfg.device
     log("matmul peak")
     out: dict[str, Any] = {}
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -522,6 +591,14 @@ def utilisation(
         if "ref" in flops:
             ref_achieved = flops["ref"] / (r[f"ref_train_step_ms{suffix}"] / 1e3) / 1e9
             out[f"ref_mfu_{precision}"] = round(ref_achieved / peak, 3)
+    # decoding is bound by memory traffic (greedy) or matmul throughput (beams): its floors
+    log("memory bandwidth")
+    bandwidth = memory_bandwidth_gbs(device)
+    out["memory_bandwidth_gbs"] = round(bandwidth, 1)
+    for mode, rows in (("greedy", cfg.gen_batch), ("beam", cfg.gen_batch * cfg.beams)):
+        floor = decode_step_floor_ms(cfg, rows, bandwidth, out["matmul_peak_gflops_fp32"])
+        out[f"{mode}_step_floor_ms"] = round(floor, 2)
+        out[f"{mode}_step_floor_fraction"] = round(floor / r[f"{mode}_step_ms"], 3)
     datasheet = peak_tflops or datasheet_peak_tflops(device)
     if datasheet:
         out["peak_tflops_datasheet_bf16"] = datasheet
@@ -567,7 +644,7 @@ def run(cfg: BenchConfig, reference: bool, loss_curve: int, peak_tflops: float |
             result |= {prefix(w.kind) + k: v for k, v in w.call("memory").items()}
         if reference:
             result |= speedups(result)
-        result |= utilisation(result, flops, cfg.device, peak_tflops)
+        result |= utilisation(result, flops, cfg, peak_tflops)
 
         if loss_curve:
             log(f"loss curves, {loss_curve} steps x 3 runs")

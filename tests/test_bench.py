@@ -1,0 +1,101 @@
+"""scripts/bench.py: the comparison size, the FLOP count, and one tiny end-to-end run of the script."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("mmtx_bench", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["mmtx_bench"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules["mmtx_bench"]
+
+
+def n_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="the reference needs transformers")
+def test_comparison_size_matches_the_reference_within_3_percent(bench):
+    cfg = bench.BenchConfig()  # the issue's size: 224 px, /16, width 384, 6+6 layers, 8192 words
+    ours, ref = n_params(bench.build_mmtx(cfg)), n_params(bench.build_reference(cfg))
+    assert 28e6 < ours < 29e6
+    assert abs(ours / ref - 1) < 0.03
+
+
+def test_analytic_flops_agree_with_flop_counter(bench):
+    cfg = bench.BenchConfig(image=32, patch=8, dim=64, heads=2, enc_layers=2, dec_layers=2, vocab=128,
+                            text_len=9, batch=3)
+    torch.manual_seed(0)
+    model = bench.build_mmtx(cfg)
+    images = torch.randn(cfg.batch, 3, cfg.image, cfg.image)
+    ids = torch.randint(3, cfg.vocab, (cfg.batch, cfg.text_len))
+
+    def step() -> None:
+        bench.caption_loss(model(images, ids[:, :-1]), ids[:, 1:]).backward()
+
+    analytic = sum(bench.analytic_train_flops(cfg).values())
+    counted = bench.counted_flops(step)
+    # The counter skips the patch embedding's input gradient (images need none): 1/3 of its FLOPs.
+    # It counts flash attention's backward as 5 products (the scores are recomputed), not 4: half
+    # the scores' forward FLOPs more.
+    parts = bench.analytic_train_flops(cfg)
+    scores_forward = sum(v for k, v in parts.items() if k.endswith("_scores")) / 3
+    assert counted == pytest.approx(analytic - parts["patch_embed"] / 3 + scores_forward / 2, rel=1e-9)
+
+
+def test_decode_floor_is_memory_bound_for_greedy_and_grows_with_rows(bench):
+    cfg = bench.BenchConfig()
+    greedy = bench.decode_step_floor_ms(cfg, rows=16, bandwidth_gbs=30.0, peak_gflops=180.0)
+    beams = bench.decode_step_floor_ms(cfg, rows=64, bandwidth_gbs=30.0, peak_gflops=180.0)
+    # 14 d^2 per layer x 6 + the 8192 x 384 head, and 16 images' K/V of 197 tokens x 6 layers, in fp32
+    weights = 6 * 14 * 384**2 + 8192 * 384
+    cross_kv = 16 * 197 * 2 * 384 * 6
+    assert greedy >= 1e3 * 4 * (weights + cross_kv) / 30e9
+    assert beams > greedy
+
+
+def test_bench_script_runs_and_prints_every_field(tmp_path):
+    tiny = ["--image", "32", "--patch", "16", "--dim", "32", "--heads", "2", "--enc-layers", "1",
+            "--dec-layers", "1", "--vocab", "64", "--text-len", "6", "--batch", "2", "--steps", "1",
+            "--warmup", "0", "--gen-batch", "2", "--new-tokens", "3", "--beams", "2", "--loss-curve", "2"]
+    proc = subprocess.run([sys.executable, str(SCRIPT), *tiny], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, proc.stdout  # one JSON line; progress went to stderr
+    r = json.loads(lines[0])
+    interface = ["params", "train_step_ms", "train_step_ms_bf16", "greedy_tokens_per_s", "beam_tokens_per_s",
+                 "greedy_tokens_per_s_bf16", "beam_tokens_per_s_bf16", "peak_rss_mb"]
+    timings = ["matmul_peak_gflops_fp32", "matmul_peak_gflops_bf16", "encode_ms", "greedy_step_ms",
+               "beam_step_ms", "memory_bandwidth_gbs"]
+    rates = ["train_gflops", "mfu_fp32", "mfu_bf16", "greedy_step_floor_ms", "beam_step_floor_ms"]
+    for key in interface + timings:
+        assert isinstance(r[key], (int, float)) and r[key] > 0, key
+    for key in rates:  # rounded: a tiny model may round to 0
+        assert isinstance(r[key], (int, float)) and r[key] >= 0, key
+    assert 0 <= r["greedy_step_floor_fraction"] < 1  # a floor, below what was measured
+    assert r["loss_curve_steps"] == 2
+    if HAS_TRANSFORMERS:
+        for key in ("ref_params", "ref_train_step_ms", "ref_greedy_tokens_per_s", "ref_encode_ms",
+                    "speedup_train_fp32", "speedup_beam_fp32", "params_ratio"):
+            assert r[key] > 0, key
+
+
+def test_bench_rejects_bad_sizes():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--image", "30"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "--image divisible by --patch" in proc.stderr
