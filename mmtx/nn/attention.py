@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mmtx.nn.linear import Linear
 from mmtx.nn.rotary import apply_rotary
 
 
@@ -174,11 +175,11 @@ class Attention(nn.Module):
         self.head_dim = dim // num_heads
         self.is_cross = context_dim is not None
         if self.is_cross:
-            self.q = nn.Linear(dim, dim, bias=qkv_bias)
-            self.kv = nn.Linear(context_dim, 2 * dim, bias=qkv_bias)
+            self.q = Linear(dim, dim, bias=qkv_bias)
+            self.kv = Linear(context_dim, 2 * dim, bias=qkv_bias)
         else:
-            self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
+            self.qkv = Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = Linear(dim, dim)
         self.attn_dropout = attn_dropout
         self.proj_dropout = nn.Dropout(proj_dropout)
 
