@@ -11,21 +11,22 @@ class Linear(nn.Linear):
     CPU as ``(W @ x.T).T``.
 
     A decoding step feeds one token per sequence, so its products have as many rows as there are
-    sequences (16 for greedy decoding of 16 images, 64 with 4 beams). For such shapes MKL's fp32
-    GEMM is faster with the weight as the left operand: over the products of a decoder step at
-    width 384 (QKV, projections, MLP, an 8192-word head), 1.22x for 16 rows, 1.25x for 64, 1.23x
-    for 128, 1.11x for 256 and 1.03x for 512 (torch 2.14, the project's 2-core AMD EPYC). One row
-    (a matrix-vector product) gains nothing, nor does bf16 (oneDNN), so both keep ``F.linear``.
+    sequences: 1-4 when captioning one image (with beams), 16 for a batch of 16 images. For such
+    shapes MKL's fp32 GEMM is faster with the weight as the left operand. Over the products of a
+    decoder step at width 384 (QKV, the projections, the MLP, an 8192-word head), with the weights
+    coming from memory as in a real step: 3.7x for 2 rows, 2.4x for 4, 1.08x for 16 and 32, 1.01-1.09x
+    for 64, no gain from 96 rows on and a loss at 256 (0.91x); one row (a matrix-vector product)
+    and bf16 (oneDNN) gain nothing, so they keep ``F.linear`` (``scripts/bench_linear.py``;
+    torch 2.14 on the project's 2-core AMD EPYC).
     """
 
-    max_rows = 256  # above this the two layouts run at the same speed
+    max_rows = 64
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if (
-            1 < rows <= self.max_rows
+        if (  # cheapest tests first: this runs for every product of every model
+            x.dtype == torch.float32
             and x.device.type == "cpu"
-            and x.dtype == torch.float32
+            and 1 < (rows := x.numel() // max(x.shape[-1], 1)) <= self.max_rows
             and self.weight.dtype == torch.float32
             and not torch.is_autocast_enabled("cpu")
         ):
