@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[bench_linear] {name}, {r} rows", file=sys.stderr, flush=True)
                 out[f"{name}_rows_{r}"] = measure(args.dim, args.vocab, r, dtype, args.copies, args.repeats)
         if args.decode_repeats:
-            for images, beams in ((1, 3), (16, 1), (16, 4)):
+            for images, beams in ((1, 1), (1, 3), (16, 1), (16, 4)):
                 print(f"[bench_linear] decoding {images} images x {beams} beams", file=sys.stderr, flush=True)
                 out[f"decode_{images}x{beams}"] = measure_decoding(images, beams, args.decode_repeats)
     print(json.dumps(out))

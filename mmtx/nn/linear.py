@@ -15,9 +15,10 @@ class Linear(nn.Linear):
     shapes MKL's fp32 GEMM is faster with the weight as the left operand. Over the products of a
     decoder step at width 384 (QKV, the projections, the MLP, an 8192-word head), with the weights
     coming from memory as in a real step: 3.7x for 2 rows, 2.4x for 4, 1.08x for 16 and 32, 1.01-1.09x
-    for 64, no gain from 96 rows on and a loss at 256 (0.91x); one row (a matrix-vector product)
-    and bf16 (oneDNN) gain nothing, so they keep ``F.linear`` (``scripts/bench_linear.py``;
-    torch 2.14 on the project's 2-core AMD EPYC).
+    for 64, no gain from 96 rows on and a loss at 256 (0.91x). One row is computed as two (the row
+    twice): MKL's matrix-vector product reads the weights at about half the speed of that
+    two-row product, 2.2x slower. bf16 (oneDNN) gains nothing and keeps ``F.linear``
+    (``scripts/bench_linear.py``; torch 2.14 on the project's 2-core AMD EPYC).
     """
 
     max_rows = 64
@@ -26,14 +27,16 @@ class Linear(nn.Linear):
         if (  # cheapest tests first: this runs for every product of every model
             x.dtype == torch.float32
             and x.device.type == "cpu"
-            and 1 < (rows := x.numel() // max(x.shape[-1], 1)) <= self.max_rows
+            and 0 < (rows := x.numel() // max(x.shape[-1], 1)) <= self.max_rows
             and self.weight.dtype == torch.float32
             and not torch.is_autocast_enabled("cpu")
         ):
             x2 = x.reshape(rows, x.shape[-1])
+            if rows == 1:  # as two rows: MKL's matrix-vector product is the slower kernel here
+                x2 = x2.repeat(2, 1)
             if self.bias is None:
                 y = self.weight @ x2.t()  # (out_features, rows)
             else:
                 y = torch.addmm(self.bias[:, None], self.weight, x2.t())
-            return y.t().contiguous().view(*x.shape[:-1], self.out_features)
+            return y[:, :rows].t().contiguous().view(*x.shape[:-1], self.out_features)
         return super().forward(x)
