@@ -21,7 +21,7 @@ class Linear(nn.Linear):
     (``scripts/bench_linear.py``; torch 2.14 on the project's 2-core AMD EPYC).
     """
 
-    max_rows = 64
+    max_rows = 64  # the largest row count that takes the (W @ x.T).T path (class attribute: benchmarks toggle it)
 
     def forward(self, x: Tensor) -> Tensor:
         if (  # cheapest tests first: this runs for every product of every model
