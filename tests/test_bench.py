@@ -71,8 +71,8 @@ def test_decode_floor_is_memory_bound_for_greedy_and_grows_with_rows(bench):
 
 def test_bench_script_runs_and_prints_every_field(tmp_path):
     tiny = ["--image", "32", "--patch", "16", "--dim", "32", "--heads", "2", "--enc-layers", "1",
-            "--dec-layers", "1", "--vocab", "64", "--text-len", "6", "--batch", "2", "--steps", "1",
-            "--warmup", "0", "--gen-batch", "2", "--new-tokens", "3", "--beams", "2", "--loss-curve", "2"]
+            "--dec-layers", "1", "--vocab", "64", "--text-len", "6", "--batch", "2", "--steps", "3",
+            "--warmup", "1", "--gen-batch", "2", "--new-tokens", "4", "--beams", "2", "--loss-curve", "2"]
     proc = subprocess.run([sys.executable, str(SCRIPT), *tiny], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
