@@ -15,6 +15,7 @@ How the figures are measured
   Face Trainer's default optimiser, used for both) — wall clock, the device synchronised at both
   ends. ``--warmup`` steps are discarded; the figure is the median of ``--steps``. ``_bf16`` runs
   the forward under ``torch.autocast(bfloat16)`` (fp32 master weights, as in mixed precision).
+  ``train_images_per_s`` = ``batch`` / that time.
 * ``*_tokens_per_s``: ``gen_batch * new_tokens`` / wall time of one call that encodes the images
   and decodes; ``min_new_tokens = max_new_tokens`` so every sequence generates exactly
   ``--new-tokens`` tokens (checked on every call). Greedy and beam search (``--beams``), no sampling,
@@ -544,6 +545,7 @@ def measure_speed(workers: list[Worker], cfg: BenchConfig) -> dict[str, float]:
         log(f"training step, {precision}")
         for kind, seconds in interleaved(workers, cfg, "train_step", precision=precision).items():
             out[f"{prefix(kind)}train_step_ms{suffix}"] = round(seconds * 1e3, 1)
+            out[f"{prefix(kind)}train_images_per_s{suffix}"] = round(cfg.batch / seconds, 1)
         log(f"image encoding, {precision}")
         encode = interleaved(workers, cfg, "encode", precision=precision)
         for kind, seconds in encode.items():
