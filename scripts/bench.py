@@ -600,7 +600,8 @@ def utilisation(
     for mode, rows in (("greedy", cfg.gen_batch), ("beam", cfg.gen_batch * cfg.beams)):
         floor = decode_step_floor_ms(cfg, rows, bandwidth, out["matmul_peak_gflops_fp32"])
         out[f"{mode}_step_floor_ms"] = round(floor, 2)
-        out[f"{mode}_step_floor_fraction"] = round(floor / r[f"{mode}_step_ms"], 3)
+        step = r[f"{mode}_step_ms"]  # a difference of two medians: noise can make a tiny model's <= 0
+        out[f"{mode}_step_floor_fraction"] = round(floor / step, 3) if step > 0 else None
     datasheet = peak_tflops or datasheet_peak_tflops(device)
     if datasheet:
         out["peak_tflops_datasheet_bf16"] = datasheet
