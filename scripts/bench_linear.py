@@ -18,6 +18,7 @@ alike; figures are medians. Prints one JSON line.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -25,6 +26,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from bench import BOS_ID, EOS_ID, PAD_ID, BenchConfig, build_mmtx  # scripts/bench.py, beside this file
 
 from mmtx.nn.linear import Linear
 
@@ -54,7 +56,7 @@ def measure(dim: int, vocab: int, rows: int, dtype: torch.dtype, copies: int, re
     for fan_in, fan_out in step_shapes(dim, vocab):
         layers = [Linear(fan_in, fan_out).to(dtype) for _ in range(copies)]
         x = torch.randn(rows, fan_in, dtype=dtype)
-        turn = iter(range(10**9))
+        turn = itertools.count()
 
         def run_plain() -> None:
             layer = layers[next(turn) % copies]
@@ -68,23 +70,21 @@ def measure(dim: int, vocab: int, rows: int, dtype: torch.dtype, copies: int, re
     return {"f_linear_us": round(plain), "mmtx_linear_us": round(ours), "speedup": round(plain / ours, 2)}
 
 
-def measure_decoding(images: int, beams: int, repeats: int) -> dict[str, float]:
-    """Decoding loop (ms) of the comparison captioner with the few-row layout off and on."""
+def measure_decoding(
+    model: torch.nn.Module, cfg: BenchConfig, images: int, beams: int, repeats: int
+) -> dict[str, float]:
+    """Decoding loop (ms) of ``model`` (the comparison captioner) with the few-row layout off and on."""
     from mmtx.generation import GenerationConfig, generate
-    from mmtx.models import CaptionDecoder, ImageCaptioner, VisionEncoder
 
-    torch.manual_seed(0)
-    model = ImageCaptioner(
-        VisionEncoder(image_size=224, patch_size=16, dim=384, depth=6, num_heads=6),
-        CaptionDecoder(8192, context_dim=384, dim=384, depth=6, num_heads=6, max_length=33),
-    ).eval()
-    context = model.encode(torch.randn(images, 3, 224, 224))
-    config = GenerationConfig(max_new_tokens=32, min_new_tokens=32, num_beams=beams)
+    context = model.encode(torch.randn(images, 3, cfg.image, cfg.image))
+    config = GenerationConfig(max_new_tokens=cfg.new_tokens, min_new_tokens=cfg.new_tokens, num_beams=beams)
     tokens: dict[int, torch.Tensor] = {}
 
     def decode(max_rows: int) -> None:
         Linear.max_rows = max_rows
-        tokens[max_rows] = generate(model.decoder, context, bos_id=1, eos_id=2, pad_id=0, config=config)
+        tokens[max_rows] = generate(
+            model.decoder, context, bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID, config=config
+        )
 
     default = Linear.max_rows
     try:
@@ -113,9 +113,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[bench_linear] {name}, {r} rows", file=sys.stderr, flush=True)
                 out[f"{name}_rows_{r}"] = measure(args.dim, args.vocab, r, dtype, args.copies, args.repeats)
         if args.decode_repeats:
+            torch.manual_seed(0)
+            cfg = BenchConfig()
+            model = build_mmtx(cfg).eval()  # built once for every decoding figure
             for images, beams in ((1, 1), (1, 3), (16, 1), (16, 4)):
                 print(f"[bench_linear] decoding {images} images x {beams} beams", file=sys.stderr, flush=True)
-                out[f"decode_{images}x{beams}"] = measure_decoding(images, beams, args.decode_repeats)
+                out[f"decode_{images}x{beams}"] = measure_decoding(model, cfg, images, beams, args.decode_repeats)
     print(json.dumps(out))
     return 0
 
