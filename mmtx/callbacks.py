@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
@@ -36,6 +38,27 @@ class LogCaptionSamples(L.Callback):
                 key="val/samples", columns=["image", "prediction", "references"], data=rows,
                 step=trainer.global_step,
             )
+
+
+class TrainingTime(L.Callback):
+    """Log ``val/minutes``, the training time so far, with every validation: quality against
+    time, the figure that matters when runs are given a time budget (``trainer.max_time``).
+
+    Counted as Lightning's ``Timer`` counts ``max_time`` (the fit, validation included, the time
+    before a resume added) when the run has one; else from the start of this fit.
+    """
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._start = time.monotonic()
+
+    def minutes(self, trainer: L.Trainer) -> float:
+        timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+        seconds = timer.time_elapsed() if timer is not None else time.monotonic() - self._start
+        return seconds / 60
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking and trainer.state.fn == "fit":
+            pl_module.log("val/minutes", self.minutes(trainer), sync_dist=False, rank_zero_only=True)
 
 
 class NonFiniteLossError(RuntimeError):

@@ -169,3 +169,42 @@ def test_mmtx_eval_on_pretraining_and_vqa_checkpoints(cli, runs, tmp_path: Path)
     questions = read_vqa(data_root / "questions_val.json", None, data_root / "val")
     assert sorted(p["question_id"] for p in predictions) == sorted(q.question_id for q in questions)
     assert all(set(p) == {"question_id", "answer"} and isinstance(p["answer"], str) for p in predictions)
+
+
+@pytest.mark.parametrize("pooling", ["product", "concat"])
+def test_classifier_poolings_score_every_answer_and_learn(pooling: str) -> None:
+    """Both heads give (B, A) logits, and a few steps on one batch lower the loss."""
+    from mmtx.models import TextEncoder, VisionEncoder
+    from mmtx.models.two_stream import TwoStreamModel
+    from mmtx.models.vqa import VqaClassifier
+
+    torch.manual_seed(0)
+    backbone = TwoStreamModel(
+        VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2),
+        TextEncoder(vocab_size=30, dim=32, depth=1, num_heads=2, max_length=8), co_layers=1, joint_dim=24,
+    )
+    model = VqaClassifier(backbone, num_answers=7, pooling=pooling)
+    images, ids, mask = torch.randn(4, 3, 32, 32), torch.randint(1, 30, (4, 8)), torch.ones(4, 8, dtype=torch.bool)
+    targets = torch.zeros(4, 7)
+    targets[torch.arange(4), torch.tensor([0, 3, 5, 6])] = 1.0
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(15):
+        loss = model.loss(model(images, ids, mask), targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert model(images, ids, mask).shape == (4, 7)
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_unknown_pooling_is_refused() -> None:
+    from mmtx.models import TextEncoder, VisionEncoder
+    from mmtx.models.two_stream import TwoStreamModel
+    from mmtx.models.vqa import VqaClassifier
+
+    backbone = TwoStreamModel(VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2),
+                              TextEncoder(vocab_size=30, dim=32, depth=1, num_heads=2, max_length=8), co_layers=1)
+    with pytest.raises(ValueError, match="pooling='mean' must be one of product, concat"):
+        VqaClassifier(backbone, num_answers=3, pooling="mean")

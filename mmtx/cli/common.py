@@ -21,10 +21,14 @@ from mmtx.data.captions import AnnotationError
 from mmtx.data.images import ImageLoadError
 from mmtx.data.tokenizer import Tokenizer, TokenizerError
 from mmtx.generation import GenerationConfig
+from mmtx.hardware import cpu_precision
 
 log = logging.getLogger("mmtx")
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+
+# ${mmtx.cpu_precision:} in trainer presets: bf16 autocast where the CPU has it natively, else fp32
+OmegaConf.register_new_resolver("mmtx.cpu_precision", cpu_precision, replace=True)
 
 # problems with the user's files or settings: reported in one line, not as a traceback
 USER_ERRORS = (

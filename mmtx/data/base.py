@@ -22,9 +22,10 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from mmtx.data.bad_data import REPORT_FILE, BadDataError, BadDataReport, Policy, check_policy, listing
 from mmtx.data.images import ImageLoadError, load_image, scan_images
+from mmtx.data.memory import ImagesInMemory, fits_in_memory
 from mmtx.data.sampling import SeededDataset, ShardedBatchSampler
 from mmtx.data.tokenizer import Tokenizer
-from mmtx.data.transforms import build_transforms
+from mmtx.data.transforms import build_normalize, build_transforms
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,9 @@ class ImageTextDataModule(L.LightningDataModule):
         on_bad_image: ``error`` (stop before training, naming the bad files) or ``skip`` (leave
             them and their texts out; replace an image that fails to decode later).
         on_bad_annotation: the same for malformed annotation entries (default: ``on_bad_image``).
+        in_memory: decode each split's images once, before training, and keep them in memory
+            (`mmtx.data.memory`): ``true``, ``false``, or ``auto`` (when the resized images fit in
+            ``MAX_MEMORY_BYTES``). Never for training with random crops.
     """
 
     def __init__(
@@ -70,8 +74,12 @@ class ImageTextDataModule(L.LightningDataModule):
         crop_scale: tuple[float, float] | None = None,
         on_bad_image: Policy = "error",
         on_bad_annotation: Policy | None = None,
+        in_memory: bool | str = "auto",
     ) -> None:
         super().__init__()
+        if in_memory not in (True, False, "auto"):
+            raise ValueError(f"data.in_memory={in_memory!r} must be true, false or auto")
+        self.in_memory = in_memory
         if image_size <= 0 or batch_size <= 0 or max_length < 3:
             raise ValueError(
                 f"data: image_size={image_size}, batch_size={batch_size} must be positive and "
@@ -163,11 +171,30 @@ class ImageTextDataModule(L.LightningDataModule):
                 train = split == "train"
                 transform = build_transforms(self.image_size, train=train, crop_scale=self.crop_scale)
                 self.datasets[split] = self.make_dataset(self.records(split), transform, train)
+                self._keep_in_memory(split, train)
         trainer = self.trainer  # attached by Trainer.fit/validate(datamodule=...)
         if trainer is not None and trainer.is_global_zero and self.report.path is None:
             written = self.report.write(Path(trainer.default_root_dir) / REPORT_FILE)
             if written is not None:
                 log.warning("bad data: everything left out is listed in %s", written)
+
+    def _keep_in_memory(self, split: str, train: bool) -> None:
+        """Decode the split's images into memory now when ``in_memory`` says so (see the class docs)."""
+        dataset = self.datasets[split]
+        if self.in_memory is False or not isinstance(dataset, ImageTextDataset):
+            return
+        if train and self.crop_scale is not None:
+            if self.in_memory is True:
+                log.warning("data.in_memory=true ignored for training: random crops need the original images")
+            return
+        images = len({r.path for r in self.records(split)})
+        if self.in_memory == "auto" and not fits_in_memory(images, self.image_size):
+            return
+        memory = dataset.keep_in_memory(self.image_size, desc=f"decoding {split} images")
+        log.info("%s split: %d images decoded into memory (%.0f MB)", split, len(memory), memory.nbytes / 1e6)
+        if memory.failed and self.on_bad_image == "error":
+            path, reason = next(iter(memory.failed.items()))
+            raise ImageLoadError(path, f"{reason} ({_DECODE_HINT})")
 
     def _loader(self, split: str, train: bool) -> DataLoader:
         if self.tokenizer is None:
@@ -245,6 +272,21 @@ class ImageTextDataset(Dataset):
     def __init__(self, transform: Any, on_bad_image: Policy = "error") -> None:
         self.transform = transform
         self.on_bad_image = check_policy(on_bad_image, "on_bad_image")
+        self.memory: ImagesInMemory | None = None  # set by `keep_in_memory`
+        self.normalize = build_normalize()
+
+    def keep_in_memory(self, image_size: int, desc: str = "decoding images") -> ImagesInMemory:
+        """Decode every image now, once, and serve them from memory from then on. Only for a
+        deterministic ``transform`` (evaluation, or training without random crops): the stored
+        images are its resized output."""
+        self.memory = ImagesInMemory((self.image_path(i) for i in range(len(self))), image_size, desc)
+        return self.memory
+
+    def image(self, path: Path) -> Tensor:
+        """The transformed image (3, S, S), from memory or decoded from disk."""
+        if self.memory is not None:
+            return self.normalize(self.memory[path])
+        return self.transform(load_image(path))
 
     def image_path(self, i: int) -> Path:
         raise NotImplementedError
@@ -260,7 +302,7 @@ class ImageTextDataset(Dataset):
             if any(path == Path(failed) for failed, _ in failures):
                 continue  # another text of the same image
             try:
-                image = self.transform(load_image(path))
+                image = self.image(path)
             except ImageLoadError as err:
                 if self.on_bad_image == "error" and get_worker_info() is None:
                     raise ImageLoadError(err.path, f"{err.reason} ({_DECODE_HINT})") from err

@@ -15,7 +15,7 @@ from torch.utils.data import Dataset
 from mmtx.data.bad_data import Policy
 from mmtx.data.base import FAILURES_KEY, ImageTextDataModule, ImageTextDataset, split_files
 from mmtx.data.captions import CaptionRecord, read_coco_captions, read_karpathy
-from mmtx.data.shapes import generate_shapes
+from mmtx.data.shapes import caption_correctness, generate_shapes, shapes_val_scenes
 from mmtx.data.tokenizer import Tokenizer
 
 
@@ -88,6 +88,11 @@ class CaptionDataModule(ImageTextDataModule):
     def references(self, split: str) -> dict[int, list[str]]:
         return {r.image_id: list(r.captions) for r in self.records(split) if r.captions}
 
+    def score_captions(self, split: str, predictions: dict[int, str]) -> dict[str, float]:
+        """Metrics beyond the COCO ones that this data set can compute for generated captions
+        (e.g. correctness against a known scene); none by default."""
+        return {}
+
     def describe(self, records: list[CaptionRecord]) -> str:
         return f"their {sum(len(r.captions) for r in records)} caption(s)"
 
@@ -118,6 +123,12 @@ class ShapesCaptions(CaptionDataModule):
 
     def has_split(self, split: str) -> bool:
         return split in ("train", "val")
+
+    def score_captions(self, split: str, predictions: dict[int, str]) -> dict[str, float]:
+        """``correctness``: the share of captions whose every stated shape, colour, size, count and
+        relation is true of the drawn scene (`mmtx.data.shapes.caption_is_correct`)."""
+        self.files()
+        return {"correctness": caption_correctness(predictions, shapes_val_scenes(self.root, split))}
 
     def load_records(self, split: str, skipped: list[str]) -> list[CaptionRecord]:
         if split == "test":

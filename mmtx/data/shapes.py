@@ -11,19 +11,25 @@ captioner learns the task on a CPU in minutes.
 
 `generate_shapes` writes the data set in the official COCO captions format, so
 `read_coco_captions` serves it like any real data set. `Scene` keeps the ground truth of
-an image for tests and for generating VQA questions.
+an image for tests and for generating VQA questions; `scenes_for` and `shapes_val_scenes`
+recompute it for a written data set, and `caption_correctness` scores a captioner's
+predictions against it: the share of captions that name every shape right and state only
+true relations (n-gram metrics such as CIDEr reward fluent but wrong captions too).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
+import re
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -83,6 +89,26 @@ _RELATION_TEMPLATES = {
 _FORMAT = "mmtx-shapes"
 _FORMAT_VERSION = 1  # bump when drawing or captioning changes, so cached data sets are rebuilt
 _VAL_ID_BASE = 10_000_000  # val image ids start here: unique across splits and stable
+_ID_BASES = {"train": 0, "val": _VAL_ID_BASE}  # image id = base + index + 1
+
+# Reading captions back (`caption_is_correct`): words in the generator's phrases, by meaning.
+_WORD = re.compile(r"[a-z0-9]+")  # lowercase words; punctuation only separates them
+_SIZE_OF = {word: size for size, words in _SIZE_WORDS.items() for word in words}
+_KIND_OF = {word: kind for kind, words in _KIND_WORDS.items() for word in words}
+_RELATION_OF = {tuple(p.split()): rel for rel, phrases in _RELATION_WORDS.items() for p in phrases}
+_RELATION_LENGTHS = sorted({len(p) for p in _RELATION_OF}, reverse=True)  # longest match first
+# Words that claim something, so they may only stand inside a complete noun or relation phrase:
+# the data set's colour, size, kind and relation words, their plurals, and look-alikes it never
+# draws (a caption calling a shape "orange" or "huge" states something the scene cannot back).
+_CLAIM_WORDS = frozenset(
+    {*COLORS, *_SIZE_OF, *_KIND_OF}
+    | ({word for phrase in _RELATION_OF for word in phrase} - {"to", "the", "on", "of"})
+    | {word + ("es" if word.endswith("x") else "s") for word in _KIND_OF}
+    | {"orange", "pink", "black", "gray", "grey", "brown", "cyan", "magenta", "violet", "gold", "silver"}
+    | {"rectangle", "oval", "ellipse", "star", "diamond", "hexagon", "pentagon", "cube", "sphere", "dot"}
+    | {"medium", "huge", "giant", "bigger", "smaller", "larger", "biggest", "smallest", "largest"}
+    | {"beside", "near", "next", "between", "behind", "inside", "top", "bottom"}
+)
 
 
 @dataclass(frozen=True)
@@ -213,6 +239,102 @@ def generate_shapes(
     return layout
 
 
+def scenes_for(split: str, count: int, image_size: int, seed: int) -> dict[int, Scene]:
+    """The ground truth of the first `count` images of `split` of the data set that
+    `generate_shapes` writes with `image_size` and `seed`, by image id.
+
+    Each image's scene is the first thing drawn from its own random stream, so it is
+    recomputed from (seed, split, index, image_size) without drawing any pixels.
+    """
+    _id_base(split)  # a clear error for an unknown split
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValueError(f"count must be an int >= 0, got {count!r}")
+    if image_size < 32:
+        raise ValueError(f"image_size must be at least 32 pixels for shapes scenes, got {image_size}")
+    return {
+        _image_id(split, index): _sample_scene(_image_rng(seed, split, index), image_size)
+        for index in range(count)
+    }
+
+
+def shapes_val_scenes(source: str | os.PathLike | Mapping[str, Any], split: str = "val") -> dict[int, Scene]:
+    """`scenes_for` every image of `split` of a written shapes data set, by image id.
+
+    `source` is the data set's root (its ``meta.json`` is read) or that meta dict. Scenes
+    of another format version may have been drawn differently, so they are refused.
+    """
+    _id_base(split)
+    if isinstance(source, Mapping):
+        meta = source
+    else:
+        meta = json.loads((Path(source) / "meta.json").read_text(encoding="utf-8"))
+    if not isinstance(meta, Mapping) or (meta.get("format"), meta.get("version")) != (_FORMAT, _FORMAT_VERSION):
+        raise ValueError(f"{source!r} does not describe a {_FORMAT} data set of version {_FORMAT_VERSION}")
+    return scenes_for(split, meta[f"num_{split}"], meta["image_size"], meta["seed"])
+
+
+def caption_is_correct(caption: str, scene: Scene) -> bool:
+    """Whether `caption` names every shape of `scene` once, each with its true size, colour
+    and kind, and states only true relations, the way every generated caption does.
+
+    Words are read lowercase with punctuation ignored. A noun phrase is "SIZE COLOUR KIND"
+    (with the generator's synonyms); a relation phrase (longest match first) must stand
+    between two noun phrases A ... r ... B and hold as ``scene.relation(A, B) == r``.
+    Other words are free ("a", "there is", "on a dark background"), except words that
+    claim something (`_CLAIM_WORDS`) outside a complete phrase: "a red ball" or "an orange
+    box" are wrong, as is a relation with no shape on one side.
+    """
+    items = _parse_caption(caption)
+    if items is None:
+        return False
+    index = {shape.color: k for k, shape in enumerate(scene.shapes)}  # colours are unique per scene
+    named = [item for item in items if isinstance(item, _NounPhrase)]
+    if sorted(phrase.color for phrase in named) != sorted(index):  # each shape once, nothing else
+        return False
+    for phrase in named:
+        shape = scene.shapes[index[phrase.color]]
+        if (phrase.size, phrase.kind) != (shape.size, shape.kind):
+            return False
+    return _relations_hold(items, scene, index)
+
+
+def caption_correctness(predictions: Mapping[int, str], scenes: Mapping[int, Scene]) -> float:
+    """The share (0..1) of predicted captions that `caption_is_correct` judges right.
+
+    `predictions` maps image ids to one caption each; `scenes` (e.g. `shapes_val_scenes`)
+    must hold every predicted id and may hold more, so a partial evaluation can be scored.
+    """
+    if not predictions:
+        raise ValueError("predictions is empty: nothing to score")
+    unknown = [image_id for image_id in predictions if image_id not in scenes]
+    if unknown:
+        shown = ", ".join(map(repr, unknown[:5])) + (", ..." if len(unknown) > 5 else "")
+        raise ValueError(f"predictions without scenes: {len(unknown)} id(s), first {shown}")
+    for image_id, caption in predictions.items():
+        if not isinstance(caption, str):
+            raise ValueError(f"predictions[{image_id!r}] must be a str, got {type(caption).__name__}")
+    correct = sum(caption_is_correct(caption, scenes[image_id]) for image_id, caption in predictions.items())
+    return correct / len(predictions)
+
+
+def _id_base(split: str) -> int:
+    """The image id base of `split` (ids are base + index + 1)."""
+    if split not in _ID_BASES:
+        raise ValueError(f"split must be one of {sorted(_ID_BASES)}, got {split!r}")
+    return _ID_BASES[split]
+
+
+def _image_id(split: str, index: int) -> int:
+    """The image id of the `index`-th image of `split`: unique across splits, never 0."""
+    return _id_base(split) + index + 1
+
+
+def _image_rng(seed: int, split: str, index: int) -> random.Random:
+    """The random stream the `index`-th image of `split` is drawn from: its own, so the
+    splits never share one and any image (or just its scene) can be redrawn alone."""
+    return random.Random(f"{_FORMAT}/{seed}/{split}/{index}")  # str seeds hash stably
+
+
 def _sample_scene(rng: random.Random, image_size: int) -> Scene:
     """Place 1-3 shapes with distinct colours so that their boxes keep `_GAP_PX` apart."""
     count = rng.randint(1, 3)
@@ -293,20 +415,68 @@ def _caption(scene: Scene, rng: random.Random, relation: tuple[int, str, int] | 
     return template.format(*(_noun_phrase(s, rng) for s in shapes), r=rel_words)
 
 
+class _NounPhrase(NamedTuple):
+    """A caption's "big red ball", read back as (size, colour, kind) names of `Shape`."""
+
+    size: str
+    color: str
+    kind: str
+
+
+def _parse_caption(caption: str) -> list[_NounPhrase | str] | None:
+    """The noun phrases and relations ("left", ...) of `caption` in text order, or None
+    when a claiming word stands outside a complete phrase."""
+    words = _WORD.findall(caption.lower())
+    items: list[_NounPhrase | str] = []
+    i = 0
+    while i < len(words):
+        size, color, kind = (words[i:i + 3] + ["", "", ""])[:3]
+        if size in _SIZE_OF and color in COLORS and kind in _KIND_OF:
+            items.append(_NounPhrase(_SIZE_OF[size], color, _KIND_OF[kind]))
+            i += 3
+            continue
+        length = next((n for n in _RELATION_LENGTHS if tuple(words[i:i + n]) in _RELATION_OF), 0)
+        if length:
+            items.append(_RELATION_OF[tuple(words[i:i + length])])
+            i += length
+        elif words[i] in _CLAIM_WORDS:
+            return None
+        else:
+            i += 1
+    return items
+
+
+def _relations_hold(items: list[_NounPhrase | str], scene: Scene, index: dict[str, int]) -> bool:
+    """Whether every relation stands between two noun phrases A ... r ... B and is true of
+    their shapes; `index` maps a colour to its shape's position in `scene`."""
+    subject: _NounPhrase | None = None
+    stated: list[str] = []  # relations since `subject`, to check against the next phrase
+    for item in items:
+        if not isinstance(item, _NounPhrase):
+            if subject is None:
+                return False  # "left of a big red ball": left of what?
+            stated.append(item)
+            continue
+        if subject is not None and any(
+            scene.relation(index[subject.color], index[item.color]) != rel for rel in stated
+        ):
+            return False
+        subject, stated = item, []
+    return not stated  # "a big red ball left of": a relation with no object
+
+
 def _build(staging: Path, meta: dict[str, Any]) -> None:
     """Draw every image of both splits into `staging` and write their annotation files."""
     image_size, seed, per_image = meta["image_size"], meta["seed"], meta["captions_per_image"]
-    splits = (("train", meta["num_train"], 0), ("val", meta["num_val"], _VAL_ID_BASE))
     total = meta["num_train"] + meta["num_val"]
     with tqdm(total=total, desc="shapes scenes", unit="img", file=sys.stderr) as bar:
-        for split, count, id_base in splits:
+        for split in _ID_BASES:
             images_dir = staging / split
             images_dir.mkdir()
             records = []
-            for index in range(count):
-                rng = random.Random(f"{_FORMAT}/{seed}/{split}/{index}")  # str seeds hash stably
-                image, captions, _ = draw_scene(rng, image_size, per_image)
-                image_id = id_base + index + 1
+            for index in range(meta[f"num_{split}"]):
+                image, captions, _ = draw_scene(_image_rng(seed, split, index), image_size, per_image)
+                image_id = _image_id(split, index)
                 path = images_dir / f"{image_id:08d}.png"
                 image.save(path, format="PNG", compress_level=1)
                 records.append(CaptionRecord(image_id, path, tuple(captions)))

@@ -47,11 +47,19 @@ def build_transforms(
         )
     else:
         resize = v2.Resize(size, interpolation=InterpolationMode.BICUBIC, antialias=True)
-    return v2.Compose(
-        [
-            resize,
-            v2.ToImage(),
-            v2.ToDtype(torch.float32, scale=True),
-            v2.Normalize(mean=list(mean), std=list(std)),
-        ]
-    )
+    return v2.Compose([resize, v2.PILToTensor(), build_normalize(mean, std)])
+
+
+def build_resize(image_size: int) -> v2.Compose:
+    """The deterministic first half of the evaluation pipeline: PIL RGB -> uint8 (3, S, S).
+
+    Together with `build_normalize` it gives exactly ``build_transforms(image_size, train=False)``;
+    a data set that keeps its images in memory stores this half's output.
+    """
+    size = (image_size, image_size)
+    return v2.Compose([v2.Resize(size, interpolation=InterpolationMode.BICUBIC, antialias=True), v2.PILToTensor()])
+
+
+def build_normalize(mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD) -> v2.Compose:
+    """uint8 (3, S, S) -> float32 in [0, 1] -> normalised by ``mean``/``std``."""
+    return v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean=list(mean), std=list(std))])

@@ -41,6 +41,8 @@ class Joint:
     vision: Tensor  # (B, 1 + N, Dv)
     text: Tensor  # (B, T, Dt)
     pooled: Tensor  # (B, joint_dim): pool(h_IMG) * pool(h_CLS)
+    image_pooled: Tensor  # (B, joint_dim): pool(h_IMG)
+    text_pooled: Tensor  # (B, joint_dim): pool(h_CLS)
 
 
 class TwoStreamModel(nn.Module):
@@ -112,8 +114,8 @@ class TwoStreamModel(nn.Module):
         for layer in self.co_layers:
             v, t = layer(v, t, u.text_mask, u.vision_rope, u.text_rope)
         v, t = self.vision.norm(v), self.text.norm(t)
-        pooled = self.vision_pool(v[:, 0]) * self.text_pool(t[:, 0])
-        return Joint(v, t, pooled)
+        image_pooled, text_pooled = self.vision_pool(v[:, 0]), self.text_pool(t[:, 0])
+        return Joint(v, t, image_pooled * text_pooled, image_pooled, text_pooled)
 
     def forward(self, images: Tensor, input_ids: Tensor, text_mask: Tensor) -> Joint:
         """``images`` (B, 3, H, W), ``input_ids``/``text_mask`` (B, T) -> :class:`Joint`."""

@@ -11,24 +11,34 @@ from mmtx.models.two_stream import TwoStreamModel
 from mmtx.nn.init import init_weights
 
 
+POOLINGS = ("product", "concat")
+
+
 class VqaClassifier(nn.Module):
-    """ViLBERT's VQA head: a two-layer MLP on ``pool(h_IMG) * pool(h_CLS)`` scoring each answer
-    of a fixed vocabulary, trained with binary cross-entropy on soft scores.
+    """A two-layer MLP on the pooled joint encoding scoring each answer of a fixed vocabulary,
+    trained with binary cross-entropy on soft scores.
 
     Args:
         backbone: the two-stream model (typically initialised from pretraining).
         num_answers: size of the answer vocabulary (filled in by the task).
         hidden_mult: the MLP's hidden width as a multiple of the joint width (ViLBERT: 2).
+        pooling: what the MLP reads: ``product`` is ViLBERT's ``pool(h_IMG) * pool(h_CLS)``;
+            ``concat`` is ``[pool(h_IMG); pool(h_CLS)]`` (as METER does), which keeps each
+            stream's summary whole instead of gating one by the other.
     """
 
     def __init__(
-        self, backbone: TwoStreamModel, num_answers: int, hidden_mult: float = 2.0, dropout: float = 0.1
+        self, backbone: TwoStreamModel, num_answers: int, hidden_mult: float = 2.0, dropout: float = 0.1,
+        pooling: str = "product",
     ) -> None:
         super().__init__()
-        self.backbone = backbone
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling={pooling!r} must be one of {', '.join(POOLINGS)}")
+        self.backbone, self.pooling = backbone, pooling
+        width = backbone.joint_dim * (2 if pooling == "concat" else 1)
         hidden = int(backbone.joint_dim * hidden_mult)
         self.head = nn.Sequential(
-            nn.Linear(backbone.joint_dim, hidden), nn.GELU(), nn.LayerNorm(hidden), nn.Dropout(dropout),
+            nn.Linear(width, hidden), nn.GELU(), nn.LayerNorm(hidden), nn.Dropout(dropout),
             nn.Linear(hidden, num_answers),
         )
         self.head.apply(init_weights)
@@ -39,7 +49,10 @@ class VqaClassifier(nn.Module):
 
     def forward(self, images: Tensor, input_ids: Tensor, text_mask: Tensor) -> Tensor:
         """Answer logits (B, num_answers)."""
-        return self.head(self.backbone(images, input_ids, text_mask).pooled)
+        joint = self.backbone(images, input_ids, text_mask)
+        if self.pooling == "concat":
+            return self.head(torch.cat([joint.image_pooled, joint.text_pooled], dim=-1))
+        return self.head(joint.pooled)
 
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
         """BCE against soft scores (B, A), summed over answers as in ViLBERT/BUTD, mean over questions."""

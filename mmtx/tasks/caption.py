@@ -84,9 +84,8 @@ class CaptionTask(Task):
     def configure_optimizers(self) -> dict:
         h = self.hparams
         return build_optimizer(
-            self.model, lr=h.lr, weight_decay=h.weight_decay, betas=h.betas,
-            warmup_ratio=h.warmup_ratio, total_steps=self.trainer.estimated_stepping_batches,
-            min_lr_ratio=h.min_lr_ratio,
+            self.model, self.trainer, lr=h.lr, weight_decay=h.weight_decay, betas=h.betas,
+            warmup_ratio=h.warmup_ratio, min_lr_ratio=h.min_lr_ratio,
         )
 
     # --- captions ------------------------------------------------------------------------------
@@ -126,6 +125,9 @@ class CaptionTask(Task):
             preds = {o["image_id"]: o["caption"] for o in outputs if o["references"]}
             refs = {o["image_id"]: o["references"] for o in outputs if o["references"]}
             metrics = caption_metrics(preds, refs)
+            datamodule = self.trainer.datamodule
+            if datamodule is not None and hasattr(datamodule, "score_captions"):
+                metrics |= datamodule.score_captions(datamodule.val_split, preds)
         self.metrics = self.trainer.strategy.broadcast(metrics)
         self.log_dict({f"val/{k}": v for k, v in self.metrics.items()}, sync_dist=True)  # equal on every rank
         self.val_outputs = outputs  # all ranks' predictions, each image once

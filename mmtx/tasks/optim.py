@@ -1,10 +1,14 @@
-"""AdamW with decay/no-decay groups and a linear-warmup cosine schedule, shared by every task."""
+"""AdamW with decay/no-decay groups and a warm-up + cosine schedule over the run's budget of steps
+or time, shared by every task."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
+import lightning as L
 import torch
+from lightning.pytorch.callbacks import Timer
 from torch import nn
 
 # parameters that are positions or special tokens: decaying them only shrinks information
@@ -28,26 +32,56 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def warmup_cosine(
-    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up to the base LR, then a cosine decay to ``min_lr_ratio`` of it at ``total_steps``."""
+    warmup_ratio: float, total_steps: float, min_lr_ratio: float = 0.0,
+    time_progress: Callable[[], float] | None = None,
+) -> Callable[[int], float]:
+    """The LR factor at an optimizer step: linear warm-up to 1, then cosine decay to ``min_lr_ratio``.
+
+    Progress is the fraction of the step budget done (``total_steps``; ``inf``: none) or, when the
+    run has a time budget (``time_progress``: the fraction of ``trainer.max_time`` used), whichever
+    is further along. So a run stopped by its deadline ends with a finished schedule instead of a
+    cut one, and a run given both ends its schedule at whichever limit comes first. Warm-up covers
+    ``warmup_ratio`` of the progress (at least one step). A plain function, not an object:
+    ``LambdaLR`` would store an object's attributes in every checkpoint.
+    """
+    if not math.isfinite(total_steps) and time_progress is None:
+        raise ValueError("a schedule needs a budget: trainer.max_steps, trainer.max_epochs or trainer.max_time")
+    warmup_steps = max(1, int(warmup_ratio * total_steps)) if math.isfinite(total_steps) else None
 
     def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        warm, progress = [], []  # per budget: warm-up done (0..1), decay progress after it
+        if warmup_steps is not None:
+            warm.append((step + 1) / warmup_steps)
+            progress.append((step - warmup_steps) / max(1, total_steps - warmup_steps))
+        if time_progress is not None:
+            used = time_progress()
+            warm.append(used / warmup_ratio if warmup_ratio > 0 else 1.0)
+            progress.append((used - warmup_ratio) / (1 - warmup_ratio))
+        done = min(1.0, max(0.0, *progress))
+        decay = min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * done))
+        return min(1.0, max(warm)) * decay
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return factor
+
+
+def time_progress(trainer: L.Trainer) -> Callable[[], float] | None:
+    """The fraction of ``trainer.max_time`` used so far (Lightning's ``Timer``; resumed runs
+    count the time before the interruption), or None when the run has no time budget."""
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    if timer is None or timer._duration is None:
+        return None
+    duration = timer._duration
+    return lambda: timer.time_elapsed() / duration
 
 
 def build_optimizer(
-    model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
-    warmup_ratio: float, total_steps: int, min_lr_ratio: float,
+    model: nn.Module, trainer: L.Trainer, *, lr: float, weight_decay: float, betas: tuple[float, float],
+    warmup_ratio: float, min_lr_ratio: float,
 ) -> dict:
-    """The ``configure_optimizers`` answer: AdamW + a per-step warmup-cosine schedule."""
+    """The ``configure_optimizers`` answer: AdamW + a per-step warm-up/cosine schedule over the
+    trainer's budget (steps, epochs and/or time)."""
     use_fused = next(model.parameters()).is_cuda
     optimizer = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), fused=use_fused)
-    warmup = max(1, int(warmup_ratio * total_steps))
-    scheduler = warmup_cosine(optimizer, warmup, total_steps, min_lr_ratio)
+    factor = warmup_cosine(warmup_ratio, float(trainer.estimated_stepping_batches), min_lr_ratio, time_progress(trainer))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

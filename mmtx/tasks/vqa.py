@@ -85,8 +85,8 @@ class VqaTask(Task):
     def configure_optimizers(self) -> dict:
         h = self.hparams
         return build_optimizer(
-            self.model, lr=h.lr, weight_decay=h.weight_decay, betas=h.betas, warmup_ratio=h.warmup_ratio,
-            total_steps=self.trainer.estimated_stepping_batches, min_lr_ratio=h.min_lr_ratio,
+            self.model, self.trainer, lr=h.lr, weight_decay=h.weight_decay, betas=h.betas, warmup_ratio=h.warmup_ratio,
+            min_lr_ratio=h.min_lr_ratio,
         )
 
     # --- answering -----------------------------------------------------------------------------

@@ -1,0 +1,67 @@
+"""Images decoded once into memory: the same tensors as decoding from disk, and the same bad-image policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from mmtx.data.base import DecodeFailures, FAILURES_KEY
+from mmtx.data.bad_data import BadDataReport
+from mmtx.data.captions import CaptionRecord
+from mmtx.data.datamodule import CaptionDataset
+from mmtx.data.images import ImageLoadError
+from mmtx.data.memory import ImagesInMemory, fits_in_memory
+from mmtx.data.transforms import build_transforms
+
+
+def write_images(folder: Path, count: int, size: int = 40) -> list[Path]:
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(count):
+        path = folder / f"{i}.png"
+        Image.fromarray(rng.integers(0, 256, (size, size + 8 * i, 3), dtype=np.uint8)).save(path)
+        paths.append(path)
+    return paths
+
+
+def dataset(paths: list[Path], policy: str = "error") -> CaptionDataset:
+    records = [CaptionRecord(i + 1, p, (f"caption {i}", f"other {i}")) for i, p in enumerate(paths)]
+    return CaptionDataset(records, build_transforms(32, train=False), pairs=True, on_bad_image=policy)
+
+
+def test_examples_from_memory_equal_examples_from_disk(tmp_path: Path) -> None:
+    paths = write_images(tmp_path, 4)
+    from_disk, in_memory = dataset(paths), dataset(paths)
+    memory = in_memory.keep_in_memory(32)
+    assert len(memory) == 4 and memory.pixels.dtype == torch.uint8 and memory.nbytes == 4 * 3 * 32 * 32
+    for i in range(len(from_disk)):  # two captions per image: each image decoded once, served twice
+        a, b = from_disk[i], in_memory[i]
+        assert torch.equal(a["image"], b["image"]) and a["caption"] == b["caption"]
+
+
+def test_a_bad_image_in_memory_follows_the_policy(tmp_path: Path) -> None:
+    paths = write_images(tmp_path, 3)
+    paths[1].write_bytes(b"not an image")
+    memory = ImagesInMemory(paths, 32)
+    assert set(memory.failed) == {paths[1]} and len(memory) == 2
+    with pytest.raises(ImageLoadError, match="1.png"):
+        memory[paths[1]]
+    skipping = dataset(paths, policy="skip")
+    skipping.keep_in_memory(32)
+    example = skipping[2]  # the bad image's first caption: replaced by the next image's example
+    assert example["image_id"] == 3 and [Path(p) for p, _ in example[FAILURES_KEY]] == [paths[1]]
+    report = BadDataReport()
+    DecodeFailures("train", "skip", report)(example[FAILURES_KEY])
+    assert report.count("decode", "train") == 1
+    strict = dataset(paths, policy="error")
+    strict.keep_in_memory(32)
+    with pytest.raises(ImageLoadError, match="1.png"):
+        strict[2]
+
+
+def test_auto_holds_only_what_fits() -> None:
+    assert fits_in_memory(1000, 64) and not fits_in_memory(200_000, 224)
