@@ -35,10 +35,11 @@ class Objectives:
     patch_replace_prob: float = 0.9  # of those, replaced by the mask embedding (ViLBERT: 90%)
     negative_prob: float = 0.5  # pairs whose caption is swapped for another image's
     hard_negatives: bool = True  # with itc > 0: draw negatives by contrastive similarity
+    hard_negatives_from: float = 0.3  # ...once this fraction of the run's budget is done (random ones before)
 
     def __post_init__(self) -> None:
         bad = [k for k in ("mlm", "mpm", "itm", "itc") if getattr(self, k) < 0]
-        bad += [k for k in ("mask_prob", "patch_mask_prob", "patch_replace_prob", "negative_prob")
+        bad += [k for k in ("mask_prob", "patch_mask_prob", "patch_replace_prob", "negative_prob", "hard_negatives_from")
                 if not 0 <= getattr(self, k) <= 1]
         if bad:
             raise ValueError(f"objectives: {', '.join(f'{k}={getattr(self, k)}' for k in bad)} out of range")

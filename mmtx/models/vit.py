@@ -31,6 +31,8 @@ class VisionEncoder(nn.Module):
         activation: the MLP activation (``gelu``, ``gelu_tanh``, ``relu``).
         pos_antialias: antialias the bicubic resampling of learned positions when the grid
             shrinks (timm does; Hugging Face's ViT does not).
+        stem: ``patch`` (ViT's linear patch map) or ``conv`` (strided 3x3 convolutions down to
+            the patch grid, then a 1x1 map: `mmtx.nn.embeddings.conv_stem`).
     """
 
     def __init__(
@@ -50,12 +52,13 @@ class VisionEncoder(nn.Module):
         norm_first: bool = True,
         activation: str = "gelu",
         pos_antialias: bool = False,
+        stem: str = "patch",
     ) -> None:
         super().__init__()
         self.pos_kind = check_position_kind(pos_embed)
         self.dim, self.num_heads, self.image_size = dim, num_heads, image_size
         self.norm_first, self.pos_antialias = norm_first, pos_antialias
-        self.patch_embed = PatchEmbed(patch_size, in_chans, dim)
+        self.patch_embed = PatchEmbed(patch_size, in_chans, dim, stem)
         self.grid_size = self.patch_embed.grid(image_size, image_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         num_patches = self.grid_size[0] * self.grid_size[1]

@@ -74,6 +74,16 @@ def time_progress(trainer: L.Trainer) -> Callable[[], float] | None:
     return lambda: timer.time_elapsed() / duration
 
 
+def training_progress(trainer: L.Trainer) -> float:
+    """How far the run is through its budget (0..1): steps over the step budget or time over
+    ``trainer.max_time``, whichever is further along, as the LR schedule counts it."""
+    done = [trainer.global_step / trainer.estimated_stepping_batches] if math.isfinite(trainer.estimated_stepping_batches) else []
+    used = time_progress(trainer)
+    if used is not None:
+        done.append(used())
+    return min(1.0, max(done, default=0.0))
+
+
 def build_optimizer(
     model: nn.Module, trainer: L.Trainer, *, lr: float, weight_decay: float, betas: tuple[float, float],
     warmup_ratio: float, min_lr_ratio: float,

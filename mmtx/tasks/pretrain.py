@@ -16,7 +16,7 @@ from mmtx.models.pretraining import Objectives, TwoStreamPretrainer
 from mmtx.models.two_stream import Unimodal
 from mmtx.tasks.base import Task
 from mmtx.tasks.gather import gather_unique
-from mmtx.tasks.optim import build_optimizer
+from mmtx.tasks.optim import build_optimizer, training_progress
 
 
 class PretrainTask(Task):
@@ -60,8 +60,13 @@ class PretrainTask(Task):
             self.log(f"{stage}/{k}", v, prog_bar=k == "loss", batch_size=batch_size, sync_dist=stage != "train")
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        objectives = self.objectives
+        if objectives.hard_negatives and training_progress(self.trainer) < objectives.hard_negatives_from:
+            # hard negatives from a contrastive space that has not formed yet are noise that holds
+            # the alignment head at chance: random negatives first
+            objectives = dataclasses.replace(objectives, hard_negatives=False)
         out = self.model(
-            batch["images"], batch["input_ids"], batch["attention_mask"], batch["image_ids"], self.objectives
+            batch["images"], batch["input_ids"], batch["attention_mask"], batch["image_ids"], objectives
         )
         self._log_losses(out, "train", batch["images"].shape[0])
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=batch["images"].shape[0])
