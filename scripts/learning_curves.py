@@ -11,14 +11,14 @@ training time so far. The script collects those into curves of quality against m
 
 Tasks: ``caption`` (default captioner; CIDEr, BLEU-4 and, on shapes, caption correctness),
 ``pretrain`` (``experiment=pretrain_shapes``; alignment accuracy, R@1 both ways), ``vqa``
-(``experiment=vqa_shapes`` from scratch) and ``vqa_pretrained`` (the same, ``init_from=`` the
+(``experiment=vqa_shapes`` from scratch) and ``vqa_from_pretrain`` (the same, ``init_from=`` the
 ``pretrain`` run of the same seed and variant ``base``). Runs already finished in ``OUT/runs``
 are reused, so an interrupted sweep continues where it stopped; every variant ever run stays in
 the output.
 
-    python scripts/learning_curves.py --tasks caption --minutes 8 --seeds 0 1
-    python scripts/learning_curves.py --tasks caption --variant p16="model.encoder.patch_size=16"
-    python scripts/learning_curves.py --tasks pretrain vqa vqa_pretrained --seeds 0 1 2
+    python scripts/learning_curves.py --tasks caption --minutes 8 --seeds 2 --out curves
+    python scripts/learning_curves.py --tasks caption --variant p16="model.encoder.patch_size=16" --out curves
+    python scripts/learning_curves.py --tasks pretrain,vqa,vqa_from_pretrain --seeds 3 --out curves
 
 Measure with nothing else running: runs are timed, and two torch processes on a few cores slow
 each other down several-fold. Needs ``pip install -e '.[curves]'`` (matplotlib) for the PNG.
@@ -43,15 +43,23 @@ TASKS = {  # task -> (mmtx-train arguments, metrics to report, the metric that i
     "pretrain": (["experiment=pretrain_shapes"], ["itm_accuracy", "i2t_R@1", "t2i_R@1", "i2t_R@5", "t2i_R@5"],
                  "itm_accuracy"),
     "vqa": (["experiment=vqa_shapes"], ["accuracy", "yes/no", "number", "other"], "accuracy"),
-    "vqa_pretrained": (["experiment=vqa_shapes"], ["accuracy", "yes/no", "number", "other"], "accuracy"),
+    "vqa_from_pretrain": (["experiment=vqa_shapes"], ["accuracy", "yes/no", "number", "other"], "accuracy"),
 }
+
+
+def tasks(text: str) -> list[str]:
+    names = [t for t in text.split(",") if t]
+    unknown = [t for t in names if t not in TASKS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown task(s) {', '.join(unknown)}; choose from {', '.join(TASKS)}")
+    return names
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tasks", nargs="+", default=["caption"], choices=list(TASKS))
+    p.add_argument("--tasks", type=tasks, default=["caption"], help=f"comma-separated, of {','.join(TASKS)}")
     p.add_argument("--minutes", type=float, default=8.0, help="each run's training budget (trainer.max_time)")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    p.add_argument("--seeds", type=int, default=2, help="runs per task and variant, seeds 0..N-1")
     p.add_argument("--variant", action="append", default=[], metavar='NAME="k=v k=v"',
                    help="an ablation: a name and the overrides it adds to every task's run (repeatable); "
                         "'base' (no overrides) always runs")
@@ -82,10 +90,10 @@ def train(args: argparse.Namespace, task: str, variant: str, overrides: list[str
         f"data.num_train={args.num_train}", f"data.num_val={args.num_val}", f"hydra.run.dir={directory}",
         *args.set, *overrides,
     ]
-    if task == "vqa_pretrained":
+    if task == "vqa_from_pretrain":
         pretrained = run_dir(args.out, "pretrain", "base", seed) / "checkpoints" / "last.ckpt"
         if not pretrained.exists():
-            sys.exit(f"vqa_pretrained needs {pretrained}: run --tasks pretrain (variant base) first")
+            sys.exit(f"vqa_from_pretrain needs {pretrained}: run --tasks pretrain (variant base) first")
         command.append(f"init_from={pretrained}")
     print(f"[{task} {variant} seed {seed}] {shlex.join(command)}", flush=True)
     start = time.monotonic()
@@ -172,7 +180,7 @@ def main() -> None:
         keys = TASKS[task][1]
         for variant, overrides in variants.items():
             entry = results["tasks"].setdefault(task, {}).setdefault(variant, {"overrides": overrides, "seeds": {}})
-            for seed in args.seeds:
+            for seed in range(args.seeds):
                 directory = train(args, task, variant, overrides, seed)
                 final = json.loads((directory / "metrics.json").read_text())
                 entry["seeds"][str(seed)] = {

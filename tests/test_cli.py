@@ -66,8 +66,9 @@ def logged(rows: list[dict[str, str]], key: str) -> list[tuple[int, float]]:
 
 
 def assert_caption_metrics(metrics: dict[str, Any]) -> None:
-    """Exactly the 7 caption metrics, as finite floats on pycocoevalcap's scales."""
-    assert sorted(metrics) == sorted(CAPTION_METRICS)
+    """Exactly the 7 caption metrics (plus caption ``correctness`` on shapes data), as finite floats."""
+    assert sorted(set(metrics) - {"correctness"}) == sorted(CAPTION_METRICS)
+    assert 0.0 <= metrics.get("correctness", 0.0) <= 1.0
     for name, value in metrics.items():
         assert type(value) is float and math.isfinite(value), (name, value)
         assert 0.0 <= value <= (10.0 if name == "CIDEr" else 1.0), (name, value)
@@ -345,7 +346,7 @@ def test_mmtx_train_logs_to_wandb_offline(resumed, trained: Run) -> None:
     assert sum("train/lr" in row for row in run.history) == len(losses)
     vals = [row for row in run.history if "val/CIDEr" in row]
     assert len(vals) == 2  # at the epoch end (step 40), then on the final weights (44)
-    assert {k: vals[-1][f"val/{k}"] for k in CAPTION_METRICS} == pytest.approx(metrics, rel=1e-6, abs=1e-6)  # float32
+    assert {k: vals[-1][f"val/{k}"] for k in metrics} == pytest.approx(metrics, rel=1e-6, abs=1e-6)  # float32
     assert all(math.isfinite(row["val/loss"]) for row in vals)
     (base,) = [row for row in run.history if "baseline/CIDEr" in row]
     assert [base[f"baseline/{k}"] for k in CAPTION_METRICS] == pytest.approx([baseline[k] for k in CAPTION_METRICS])
@@ -418,7 +419,8 @@ def test_mmtx_eval_writes_official_formats(cli, evals: dict[str, Any], trained: 
     # the numbers are the official metrics of the written predictions ...
     references = {r.image_id: list(r.captions) for r in val_records}
     recomputed = caption_metrics({p["image_id"]: p["caption"] for p in predictions}, references)
-    assert metrics == pytest.approx(recomputed, rel=1e-9, abs=1e-12)
+    assert {k: metrics[k] for k in recomputed} == pytest.approx(recomputed, rel=1e-9, abs=1e-12)
+    assert set(metrics) - set(recomputed) == {"correctness"}  # shapes data: captions checked against the scene
     # ... and the ones training reported for the same (final) weights
     assert metrics == pytest.approx(trained.metrics, rel=1e-6, abs=1e-9)
 

@@ -28,6 +28,21 @@ def test_fsdp_preset_wraps_and_checkpoints_transformer_blocks(checkpointing: boo
     assert cfg.trainer.precision == "bf16-mixed" and cfg.trainer.accelerator == "gpu"
 
 
+def test_cpu_preset_trains_in_bf16_only_where_the_cpu_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU preset's precision is detected (AVX512-BF16/AMX: bf16 autocast, else fp32) and it
+    trains for a time budget; the GPU presets keep bf16 and an epoch budget."""
+    import mmtx.hardware
+
+    for native, expected in ((True, "bf16-mixed"), (False, "32-true")):
+        monkeypatch.setattr(mmtx.hardware.torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+        monkeypatch.setattr(mmtx.hardware.torch.cpu, "_is_amx_tile_supported", lambda: native)
+        cfg = compose_train([])
+        assert cfg.trainer.precision == expected
+    assert cfg.trainer.max_time and cfg.trainer.max_epochs == -1
+    gpu = compose_train(["trainer=gpu"]).trainer
+    assert gpu.precision == "bf16-mixed" and gpu.max_time is None and gpu.max_epochs > 0
+
+
 def test_every_trainer_preset_carries_the_same_keys() -> None:
     keys = {name: set(compose_train([f"trainer={name}"]).trainer) for name in ("cpu", "gpu", "ddp", "ddp_cpu", "fsdp")}
     assert all(k == keys["cpu"] for k in keys.values()), keys

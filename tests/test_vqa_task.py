@@ -15,7 +15,7 @@ from mmtx.tasks.vqa import soft_targets
 from tests.helpers import TINY_TWO_STREAM, train_in_process
 
 TINY_DATA = ["data.image_size=32", "data.num_train=48", "data.num_val=16", "data.num_workers=0", "data.batch_size=16"]
-RUN = ["logger=csv", "trainer.max_epochs=1", "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1"]
+RUN = ["logger=csv", "trainer.max_epochs=1", "trainer.precision=32-true", "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1"]
 
 
 @pytest.fixture(scope="module")
