@@ -51,10 +51,10 @@ def test_the_shipped_configs_pass(choices: list[str]) -> None:
         (["model.decoder.num_heads=5"], "model.decoder.dim=192 is not divisible by model.decoder.num_heads=5"),
         (["model.encoder.dim=-64"], "model.encoder.dim=-64 must be a positive integer"),
         (["model.decoder.depth=-1"], "model.decoder.depth=-1 must be an integer >= 0"),
-        (["data.image_size=40"],
+        (["data.image_size=40", "model.encoder.patch_size=16"],
          "model.encoder.image_size=40 (set by data.image_size) is not a multiple of model.encoder.patch_size=16 "
          "(allowed: a multiple of 16: 16, 32, 48, ...)"),
-        (["data=coco", "data.image_size=8"],
+        (["data=coco", "data.image_size=8", "model.encoder.patch_size=16"],
          "model.encoder.image_size=8 (set by data.image_size) is smaller than model.encoder.patch_size=16"),
         (["data.image_size=16"], "data.image_size=16 is below 32, the smallest shapes scenes"),
         (["data.batch_size=0"], "data.batch_size=0 must be a positive integer"),
