@@ -25,7 +25,7 @@ from mmtx.hardware import cpu_precision
 
 log = logging.getLogger("mmtx")
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "conf")  # mmtx/conf, package data of the wheel
 
 # ${mmtx.cpu_precision:} in trainer presets: bf16 autocast where the CPU has it natively, else fp32
 OmegaConf.register_new_resolver("mmtx.cpu_precision", cpu_precision, replace=True)
