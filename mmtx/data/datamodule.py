@@ -15,7 +15,7 @@ from torch.utils.data import Dataset
 from mmtx.data.bad_data import Policy
 from mmtx.data.base import FAILURES_KEY, ImageTextDataModule, ImageTextDataset, split_files
 from mmtx.data.captions import CaptionRecord, read_coco_captions, read_karpathy
-from mmtx.data.shapes import caption_correctness, generate_shapes, shapes_val_scenes
+from mmtx.data.shapes import Scene, caption_correctness, generate_shapes, shapes_val_scenes
 from mmtx.data.tokenizer import Tokenizer
 
 
@@ -111,6 +111,7 @@ class ShapesCaptions(CaptionDataModule):
         self.root = Path(root)
         self.spec = dict(num_train=num_train, num_val=num_val, seed=seed, captions_per_image=captions_per_image)
         self._files: dict[str, tuple[Path, Path]] | None = None
+        self._scenes: dict[str, dict[int, Scene]] = {}  # ground truth of each split's images, by id
 
     def prepare_data(self) -> None:
         self.files()
@@ -127,8 +128,10 @@ class ShapesCaptions(CaptionDataModule):
     def score_captions(self, split: str, predictions: dict[int, str]) -> dict[str, float]:
         """``correctness``: the share of captions whose every stated shape, colour, size, count and
         relation is true of the drawn scene (`mmtx.data.shapes.caption_is_correct`)."""
-        self.files()
-        return {"correctness": caption_correctness(predictions, shapes_val_scenes(self.root, split))}
+        if split not in self._scenes:  # drawn once per split, not at every validation
+            self.files()
+            self._scenes[split] = shapes_val_scenes(self.root, split)
+        return {"correctness": caption_correctness(predictions, self._scenes[split])}
 
     def load_records(self, split: str, skipped: list[str]) -> list[CaptionRecord]:
         if split == "test":

@@ -37,17 +37,17 @@ def build_transforms(
     if min(std) <= 0:
         raise ValueError(f"std must be positive, got {std}")
 
-    size = (image_size, image_size)
     if train and crop_scale is not None:
         lo, hi = crop_scale
         if not 0.0 < lo <= hi <= 1.0:
             raise ValueError(f"crop_scale must satisfy 0 < lo <= hi <= 1, got {crop_scale}")
-        resize = v2.RandomResizedCrop(
-            size, scale=(lo, hi), interpolation=InterpolationMode.BICUBIC, antialias=True
+        crop = v2.RandomResizedCrop(
+            (image_size, image_size), scale=(lo, hi), interpolation=InterpolationMode.BICUBIC, antialias=True
         )
+        pixels = v2.Compose([crop, v2.PILToTensor()])
     else:
-        resize = v2.Resize(size, interpolation=InterpolationMode.BICUBIC, antialias=True)
-    return v2.Compose([resize, v2.PILToTensor(), build_normalize(mean, std)])
+        pixels = build_resize(image_size)
+    return v2.Compose([pixels, build_normalize(mean, std)])
 
 
 def build_resize(image_size: int) -> v2.Compose:

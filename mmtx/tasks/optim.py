@@ -74,14 +74,20 @@ def time_progress(trainer: L.Trainer) -> Callable[[], float] | None:
     return lambda: timer.time_elapsed() / duration
 
 
-def training_progress(trainer: L.Trainer) -> float:
-    """How far the run is through its budget (0..1): steps over the step budget or time over
-    ``trainer.max_time``, whichever is further along, as the LR schedule counts it."""
-    done = [trainer.global_step / trainer.estimated_stepping_batches] if math.isfinite(trainer.estimated_stepping_batches) else []
+def budget_progress(trainer: L.Trainer) -> Callable[[int], float]:
+    """``progress(step)``: how far the run is through its budget (0..1), steps over the step
+    budget or time over ``trainer.max_time``, whichever is further along, as the LR schedule
+    counts it. The budgets are read from the trainer once, here, not at every step."""
+    total = float(trainer.estimated_stepping_batches)
     used = time_progress(trainer)
-    if used is not None:
-        done.append(used())
-    return min(1.0, max(done, default=0.0))
+
+    def progress(step: int) -> float:
+        done = [step / total] if math.isfinite(total) else []
+        if used is not None:
+            done.append(used())
+        return min(1.0, max(done, default=0.0))
+
+    return progress
 
 
 def build_optimizer(

@@ -16,7 +16,7 @@ from mmtx.models.pretraining import Objectives, TwoStreamPretrainer
 from mmtx.models.two_stream import Unimodal
 from mmtx.tasks.base import Task
 from mmtx.tasks.gather import gather_unique
-from mmtx.tasks.optim import build_optimizer, training_progress
+from mmtx.tasks.optim import budget_progress, build_optimizer
 
 
 class PretrainTask(Task):
@@ -59,9 +59,12 @@ class PretrainTask(Task):
         for k, v in out.items():
             self.log(f"{stage}/{k}", v, prog_bar=k == "loss", batch_size=batch_size, sync_dist=stage != "train")
 
+    def on_train_start(self) -> None:
+        self._progress = budget_progress(self.trainer)
+
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         objectives = self.objectives
-        if objectives.hard_negatives and training_progress(self.trainer) < objectives.hard_negatives_from:
+        if objectives.hard_negatives and self._progress(self.global_step) < objectives.hard_negatives_from:
             # hard negatives from a contrastive space that has not formed yet are noise that holds
             # the alignment head at chance: random negatives first
             objectives = dataclasses.replace(objectives, hard_negatives=False)
