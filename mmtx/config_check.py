@@ -13,10 +13,15 @@ Unknown group options (``data=nope``) never get here: Hydra refuses them, listin
 
 from __future__ import annotations
 
+import difflib
+import inspect
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import lightning as L
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mmtx.checkpoint import check_resume, read_checkpoint
@@ -41,8 +46,8 @@ def check_train_config(cfg: DictConfig) -> None:
     """Refuse an ``mmtx-train`` config that cannot work, naming every bad key at once."""
     problems = [f"{key} is not set (??? in the config): give it, e.g. {key}=..."
                 for group in ("data", "model", "task", "tokenizer") for key in _missing(cfg[group], group)]
-    problems += [*data_problems(cfg.data), *model_problems(cfg), *task_problems(cfg.task)]
-    problems += tokenizer_problems(cfg.tokenizer)
+    problems += [*data_problems(cfg.data, splits=("train", "val")), *model_problems(cfg), *task_problems(cfg.task)]
+    problems += tokenizer_problems(cfg.tokenizer) + trainer_problems(cfg.trainer)
     if cfg.get("init_from") and not Path(cfg.init_from).is_file():
         problems.append(f"init_from={cfg.init_from}: no such checkpoint file")
     _raise(problems)
@@ -62,7 +67,7 @@ def check_eval_config(cfg: DictConfig) -> None:
     if image_size is not None:
         problems += _positive_int(image_size, "image_size")
     if cfg.get("data"):
-        problems += data_problems(cfg.data)
+        problems += data_problems(cfg.data, splits=(cfg.split,))
     given = {k: v for k, v in (cfg.get("generation") or {}).items() if v is not None}
     problems += _generation_problems(given, "generation")
     if isinstance(image_size, int) and image_size > 0 and Path(str(cfg.ckpt)).is_file():
@@ -80,10 +85,16 @@ def check_eval_config(cfg: DictConfig) -> None:
 # --- data -------------------------------------------------------------------------------------
 
 
-def data_problems(data: Any, key: str = "data") -> list[str]:
-    """What is wrong with a ``data`` config (any source)."""
+def data_problems(data: Any, key: str = "data", splits: tuple[str, ...] = ()) -> list[str]:
+    """What is wrong with a ``data`` config (any source); the files of ``splits`` must be given."""
     get = data.get
-    problems = _positive_int(get("image_size"), f"{key}.image_size")
+    problems = []
+    for split in splits:  # data.<split>: {annotations, images, ...} of the file-based sources
+        files = get(split)
+        if isinstance(files, DictConfig):
+            problems += [f"{key}.{split}.{name} is not set: give the {split} split's {name}, e.g. {key}.{split}.{name}=..."
+                         for name, value in files.items() if value is None]
+    problems += _positive_int(get("image_size"), f"{key}.image_size")
     problems += _positive_int(get("batch_size"), f"{key}.batch_size")
     if get("eval_batch_size") is not None:
         problems += _positive_int(get("eval_batch_size"), f"{key}.eval_batch_size")
@@ -108,6 +119,41 @@ def data_problems(data: Any, key: str = "data") -> list[str]:
         for count in ("num_train", "num_val", "captions_per_image", "questions_per_image"):
             if count in data:
                 problems += _positive_int(get(count), f"{key}.{count}")
+    return problems
+
+
+# --- trainer ----------------------------------------------------------------------------------
+
+_CPU_PRECISIONS = ("32-true", "32", "bf16-mixed", "bf16-true", "64-true", "64")
+
+
+def trainer_problems(trainer: Any, key: str = "trainer") -> list[str]:
+    """Arguments the Trainer does not take, and devices or precisions this machine cannot run."""
+    problems = []
+    accepted = set(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
+    for name in trainer:
+        if name != "_target_" and name not in accepted:
+            close = difflib.get_close_matches(str(name), accepted, n=1)
+            hint = f" (did you mean {key}.{close[0]}?)" if close else ""
+            problems.append(f"{key}.{name} is not an argument of lightning's Trainer{hint}")
+    accelerator, devices = str(trainer.get("accelerator", "auto")), trainer.get("devices", "auto")
+    count = devices if _is_int(devices) else None
+    if accelerator in ("gpu", "cuda"):
+        visible = torch.cuda.device_count()
+        if not visible:
+            problems.append(f"{key}.accelerator={accelerator}: this machine has no GPU that torch can use; "
+                            "train on the CPU with trainer=cpu")
+        elif count is not None and count > visible:
+            problems.append(f"{key}.devices={count}: only {visible} GPU(s) are visible; use {key}.devices<={visible}")
+    elif accelerator == "cpu":
+        cores = os.cpu_count() or 1
+        if count is not None and count > cores:
+            problems.append(f"{key}.devices={count} would start {count} processes on {cores} CPU core(s), which "
+                            f"slows every one of them; use {key}.devices<={cores}")
+        precision = str(trainer.get("precision"))
+        if precision not in _CPU_PRECISIONS:
+            problems.append(f"{key}.precision={precision} does not run on the CPU; use one of "
+                            f"{', '.join(p for p in _CPU_PRECISIONS if '-' in p)}")
     return problems
 
 

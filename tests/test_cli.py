@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from hydra.core.hydra_config import HydraConfig
 from PIL import Image
 
@@ -506,3 +507,42 @@ def test_help_lists_the_config_groups(cli, tmp_path: Path) -> None:
     assert {"cpu", "gpu"} <= options["trainer"]
     assert {"wandb", "csv", "none"} <= options["logger"]
     assert "seed: 0" in result.stdout  # and the config, with its defaults
+
+
+def test_too_few_examples_for_one_batch_fail_naming_the_batch_size(cli, tiny: list[str], tmp_path: Path) -> None:
+    """A training split smaller than one batch would train 0 steps and exit 0: it must fail instead."""
+    result = cli.run(
+        "mmtx-train", *tiny, "logger=none", "data.num_train=6", "data.batch_size=64",
+        f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, check=False,
+    )
+    assert result.returncode == 1, cli.describe(result)
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("mmtx: data.batch_size=64: the training split has ") and "or less" in last, last
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_gpu_preset_on_a_cpu_machine_fails_before_touching_the_data(cli, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    result = cli.run("mmtx-train", "trainer=gpu", f"paths.data_dir={data}", f"hydra.run.dir={tmp_path / 'run'}",
+                     cwd=tmp_path, check=False)
+    assert result.returncode == 1, cli.describe(result)
+    assert "trainer.accelerator=gpu: this machine has no GPU" in result.stderr and "trainer=cpu" in result.stderr
+    assert not data.exists()
+
+
+@pytest.mark.parametrize("app", ["mmtx-eval", "mmtx-caption", "mmtx-vqa", "mmtx-export"])
+def test_help_of_each_inference_command_says_what_it_does_with_examples(cli, app: str, tmp_path: Path) -> None:
+    result = cli.run(app, "--help", cwd=tmp_path)
+    first = result.stdout.lstrip().splitlines()[0]
+    assert first.startswith(f"{app}: ") and len(first) > len(app) + 30, first
+    examples = result.stdout.split("Examples:", 1)[1]
+    assert f"{app} ckpt=" in examples
+    assert "powered by Hydra" not in result.stdout and "Configuration groups" not in result.stdout
+    assert "ckpt: ???" in result.stdout  # and its settings
+
+
+def test_vqa_with_an_image_and_no_question_is_one_line_before_loading(cli, tmp_path: Path) -> None:
+    result = cli.run("mmtx-vqa", "ckpt=missing.ckpt", "image=a.jpg", cwd=tmp_path, check=False)
+    assert result.returncode == 1, cli.describe(result)
+    assert result.stderr.strip() == 'mmtx: give image=FILE question="..." or questions=FILE.json images=DIR (given: image)'

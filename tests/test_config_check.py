@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import MissingConfigException
 from omegaconf import DictConfig
@@ -34,12 +35,13 @@ def _problems(cfg: DictConfig, check=check_train_config) -> str:
 
 @pytest.mark.parametrize(
     "choices",
-    [[], ["task=pretrain"], ["task=vqa"], ["task=vqa_generative"], ["experiment=caption_coco"],
+    [[], ["task=pretrain"], ["task=vqa"], ["task=vqa_generative"], ["experiment=caption_coco", *(f"data.{s}.{f}=x" for s in ("train", "val") for f in ("annotations", "images"))],
      ["experiment=pretrain_shapes"], ["experiment=vqa_shapes"], ["data=karpathy", "data.annotations=a", "data.images=b"],
      ["model=caption_pretrained", "model.encoder.pretrained=vit", "model.decoder.pretrained=gpt2"],
      ["model.encoder.pos_embed=rope", "model.decoder.pos_embed=sinusoidal"]],
 )  # fmt: skip
-def test_the_shipped_configs_pass(choices: list[str]) -> None:
+def test_the_shipped_configs_pass(choices: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # the GPU recipes, as on a GPU machine
     check_train_config(_train_cfg(*choices))
 
 
@@ -142,7 +144,7 @@ def test_eval_checks_split_image_size_and_data(tmp_path: Path) -> None:
     assert "generation: invalid generation settings: top_p=2" in message
     message = _problems(_eval_cfg(f"ckpt={ckpt}", "data=coco", "data.on_bad_image=maybe"), check_eval_config)
     assert "data.on_bad_image='maybe' is not one of error, skip" in message
-    check_eval_config(_eval_cfg(f"ckpt={ckpt}", "image_size=48", "data=coco"))
+    check_eval_config(_eval_cfg(f"ckpt={ckpt}", "image_size=48", "data=coco", "data.val.annotations=a", "data.val.images=b"))
     assert "ckpt is not set: give the checkpoint to evaluate" in _problems(_eval_cfg(), check_eval_config)
 
 
@@ -157,3 +159,34 @@ def test_the_command_line_reports_config_errors_without_a_traceback(cli, tmp_pat
     assert bad_group.returncode != 0 and "Could not find 'data/imagenet'" in bad_group.stderr
     for result in (bad_value, bad_group):
         assert "Traceback" not in result.stderr, cli.describe(result)
+
+
+def test_a_gpu_preset_without_a_gpu_is_refused_naming_the_cpu_preset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert "trainer.accelerator=gpu: this machine has no GPU that torch can use; train on the CPU with trainer=cpu" \
+        in _problems(_train_cfg("trainer=gpu"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert "trainer.devices=4: only 2 GPU(s) are visible; use trainer.devices<=2" in _problems(
+        _train_cfg("trainer=gpu", "trainer.devices=4"))
+
+
+def test_more_cpu_processes_than_cores_and_fp16_on_the_cpu_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    message = _problems(_train_cfg("trainer=ddp_cpu", "trainer.devices=3", "trainer.precision=16-mixed"))
+    assert "trainer.devices=3 would start 3 processes on 2 CPU core(s)" in message
+    assert "trainer.precision=16-mixed does not run on the CPU; use one of 32-true, bf16-mixed" in message
+    check_train_config(_train_cfg("trainer=ddp_cpu", "trainer.devices=2"))
+
+
+def test_a_misspelt_trainer_argument_is_named_with_the_right_one() -> None:
+    assert "trainer.max_step is not an argument of lightning's Trainer (did you mean trainer.max_steps?)" \
+        in _problems(_train_cfg("+trainer.max_step=3"))
+
+
+def test_every_unset_data_file_is_named_at_once() -> None:
+    message = _problems(_train_cfg("data=coco", "data.val.images=val/"))
+    for key in ("data.train.annotations", "data.train.images", "data.val.annotations"):
+        assert f"{key} is not set" in message
+    assert "data.val.images" not in message
+    assert "data.val.images is not set" in _problems(_eval_cfg("ckpt=x.ckpt", "data=coco", "data.val.annotations=a.json"),
+                                                     check=check_eval_config)

@@ -62,7 +62,7 @@ def build_tokenizer(cfg: DictConfig, texts: list[str]) -> Tokenizer:
     if cfg.path:
         return Tokenizer.from_file(cfg.path)
     if not texts:
-        raise ValueError("tokenizer: no training captions to learn a vocabulary from (set tokenizer.path)")
+        raise ConfigError("tokenizer: no training captions to learn a vocabulary from (set tokenizer.path)")
     return Tokenizer.train(texts, vocab_size=cfg.vocab_size, kind=cfg.kind, min_frequency=cfg.min_frequency)
 
 

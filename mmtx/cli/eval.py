@@ -10,7 +10,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from mmtx.checkpoint import CheckpointError, load_task
-from mmtx.config_check import check_eval_config
+from mmtx.config_check import ConfigError, check_eval_config
 from mmtx.cli.common import CONFIG_DIR, friendly_errors, generation_override, make_trainer, to_container
 from mmtx.metrics.table import format_metrics_table
 
@@ -31,7 +31,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     datamodule.prepare_data()
     datamodule.tokenizer = task.tokenizer
     if not datamodule.has_split(cfg.split):
-        raise ValueError(f"split={cfg.split}: the data config has no files for it (set data.{cfg.split}.*)")
+        raise ConfigError(f"split={cfg.split}: the data config has no files for it (set data.{cfg.split}.*)")
     datamodule.val_split = cfg.split
     trainer = make_trainer(cfg, loggers=[], callbacks=[])
     # the loader is made by the trainer's processes, each reading its share of the split

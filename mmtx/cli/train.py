@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from mmtx.callbacks import Preempted
 from mmtx.checkpoint import init_from, read_checkpoint
 from mmtx.compile import compile_blocks
-from mmtx.config_check import check_train_config
+from mmtx.config_check import ConfigError, check_train_config
 from mmtx.cli.common import (
     CONFIG_DIR,
     build_tokenizer,
@@ -110,7 +110,7 @@ def shared_tokenizer(cfg: DictConfig, datamodule: L.LightningDataModule, path: P
     together = TorchElasticEnvironment.detect() or SLURMEnvironment.detect() or node_rank > 0
     if together and int(os.environ.get("WORLD_SIZE", 1)) > 1 and not cfg.tokenizer.path \
             and cfg.tokenizer.kind == "wordpiece" and not cfg.init_from:
-        raise ValueError(
+        raise ConfigError(
             "tokenizer: a WordPiece vocabulary learned in each process can differ between them; give "
             "every process the same one with tokenizer.path=FILE (e.g. the tokenizer.json of a short "
             "single-process run) or learn byte-level BPE, which is deterministic: tokenizer.kind=bpe"

@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from mmtx.checkpoint import CheckpointError, load_task
 from mmtx.cli.common import CONFIG_DIR, friendly_errors
+from mmtx.config_check import ConfigError
 from mmtx.data.images import load_image
 from mmtx.data.transforms import build_transforms
 from mmtx.data.vqa import read_vqa
@@ -35,24 +36,23 @@ def answer_questions(
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="vqa")
 @friendly_errors
 def main(cfg: DictConfig) -> None:
+    if not (cfg.questions and cfg.images) and not (cfg.image and cfg.question):  # before loading anything
+        given = ", ".join(k for k in ("image", "question", "questions", "images") if cfg.get(k)) or "neither"
+        raise ConfigError(f'give image=FILE question="..." or questions=FILE.json images=DIR (given: {given})')
     task = load_task(cfg.ckpt, map_location=cfg.device)
     if not isinstance(task, VqaTask):
         raise CheckpointError(f"{cfg.ckpt} is a {type(task).__name__} checkpoint, not a VQA one (task=vqa)")
     size = cfg.image_size or (task.data_config or {}).get("image_size") or task.model.backbone.vision.image_size
     if cfg.questions:
-        if not cfg.images:
-            raise ValueError("questions=... needs images=DIR (the folder of the questions' images)")
         records = read_vqa(cfg.questions, None, cfg.images)
         top = answer_questions(task, [(r.path, r.question) for r in records], size, cfg.batch_size, 1)
         results = [{"question_id": r.question_id, "answer": t[0][0]} for r, t in zip(records, top)]
         Path(cfg.predictions).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.predictions).write_text(json.dumps(results))
         print(f"answered {len(results)} questions: {cfg.predictions}")
-    elif cfg.image and cfg.question:
+    else:
         for answer, score in answer_questions(task, [(cfg.image, cfg.question)], size, 1, cfg.top_k)[0]:
             print(f"{score:.4f}\t{answer}")
-    else:
-        raise ValueError('give image=FILE question="..." or questions=FILE.json images=DIR')
 
 
 if __name__ == "__main__":

@@ -208,6 +208,8 @@ class ImageTextDataModule(L.LightningDataModule):
             shuffle=train, drop_last=train, seed=self.seed,
             rank=trainer.global_rank if trainer else 0, world_size=trainer.world_size if trainer else 1,
         )
+        if train and len(sampler) == 0:
+            self._no_full_batch(len(self.datasets[split]), sampler.world_size)
         if train and self._resume_at is not None:
             sampler.resume(*self._resume_at)
             self._resume_at = None
@@ -219,6 +221,17 @@ class ImageTextDataModule(L.LightningDataModule):
             persistent_workers=self.num_workers > 0,
             collate_fn=self.make_collator(),
             generator=torch.Generator().manual_seed(self.seed),  # worker seeds: not from the global RNG
+        )
+
+    def _no_full_batch(self, examples: int, world_size: int) -> None:
+        """Refuse a training split too small for one full batch: it would train 0 steps and look done."""
+        from mmtx.config_check import ConfigError  # imported here: config_check imports this module
+
+        processes = f" per process ({world_size} processes)" if world_size > 1 else ""
+        raise ConfigError(
+            f"data.batch_size={self.batch_size}: the training split has {examples} examples, not one full "
+            f"batch{processes} (incomplete batches are dropped), so training would take no step; set "
+            f"data.batch_size={max(1, examples // world_size)} or less"
         )
 
     # --- resuming mid-epoch ---------------------------------------------------------------------

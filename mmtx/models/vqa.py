@@ -11,7 +11,7 @@ from mmtx.models.two_stream import TwoStreamModel
 from mmtx.nn.init import init_weights
 
 
-POOLINGS = ("product", "concat")
+POOLINGS = ("product", "concat", "tokens")
 
 
 class VqaClassifier(nn.Module):
@@ -24,7 +24,9 @@ class VqaClassifier(nn.Module):
         hidden_mult: the MLP's hidden width as a multiple of the joint width (ViLBERT: 2).
         pooling: what the MLP reads: ``product`` is ViLBERT's ``pool(h_IMG) * pool(h_CLS)``;
             ``concat`` is ``[pool(h_IMG); pool(h_CLS)]`` (as METER does), which keeps each
-            stream's summary whole instead of gating one by the other.
+            stream's summary whole instead of gating one by the other; ``tokens`` is
+            ``[mean(vision tokens); mean(question tokens)]`` after co-attention, so the answer
+            reads every fused token rather than two summary tokens.
     """
 
     def __init__(
@@ -35,7 +37,8 @@ class VqaClassifier(nn.Module):
         if pooling not in POOLINGS:
             raise ValueError(f"pooling={pooling!r} must be one of {', '.join(POOLINGS)}")
         self.backbone, self.pooling = backbone, pooling
-        width = backbone.joint_dim * (2 if pooling == "concat" else 1)
+        width = {"product": backbone.joint_dim, "concat": 2 * backbone.joint_dim,
+                 "tokens": backbone.vision.dim + backbone.text.dim}[pooling]
         hidden = int(backbone.joint_dim * hidden_mult)
         self.head = nn.Sequential(
             nn.Linear(width, hidden), nn.GELU(), nn.LayerNorm(hidden), nn.Dropout(dropout),
@@ -50,6 +53,10 @@ class VqaClassifier(nn.Module):
     def forward(self, images: Tensor, input_ids: Tensor, text_mask: Tensor) -> Tensor:
         """Answer logits (B, num_answers)."""
         joint = self.backbone(images, input_ids, text_mask)
+        if self.pooling == "tokens":
+            weights = text_mask.unsqueeze(-1).to(joint.text.dtype)  # (B, T, 1): question tokens only
+            text = (joint.text * weights).sum(1) / weights.sum(1).clamp(min=1)
+            return self.head(torch.cat([joint.vision.mean(1), text], dim=-1))
         if self.pooling == "concat":
             return self.head(torch.cat([joint.image_pooled, joint.text_pooled], dim=-1))
         return self.head(joint.pooled)
