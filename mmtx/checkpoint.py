@@ -13,6 +13,7 @@ from hydra.utils import get_class
 from torch import nn
 
 from mmtx.data.bad_data import listing
+from mmtx.export import task_from_export
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,10 @@ def task_class(ckpt: dict[str, Any], path: str | Path) -> type[L.LightningModule
 
 
 def load_task(path: str | Path, map_location: str | torch.device = "cpu") -> L.LightningModule:
-    """Rebuild the trained task (model, tokenizer, settings) from its checkpoint, in eval mode."""
+    """Rebuild the trained task (model, tokenizer, settings) from its checkpoint or from the
+    directory ``mmtx-export`` wrote, in eval mode."""
+    if Path(path).is_dir():
+        return task_from_export(path).to(map_location).eval()
     return task_from_checkpoint(read_checkpoint(path), path).to(map_location).eval()
 
 

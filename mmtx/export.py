@@ -23,18 +23,20 @@ from typing import Any, NamedTuple
 
 import torch
 from hydra.utils import get_object, instantiate
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from mmtx.pretrained.convert import tied_names
-from mmtx.safetensors import SafetensorsError, load_file, save_file
 
-__all__ = ["ExportError", "Exported", "export", "export_task", "load_exported", "model_config"]
+__all__ = ["ExportError", "Exported", "export", "export_task", "load_exported", "model_config", "task_from_export"]
 
 FORMAT, FORMAT_VERSION = "mmtx", 1
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.json"
 ALLOWED_TARGETS = "mmtx.models."  # the only code an exported config may name
+ALLOWED_TASKS = "mmtx.tasks."  # ... and the task that wraps it for the command-line tools
 
 
 class ExportError(ValueError):
@@ -67,7 +69,7 @@ def export(
     except TypeError as e:
         raise ExportError(f"the config of {type(model).__name__} is not plain JSON: {e}") from e
     out.mkdir(parents=True, exist_ok=True)
-    save_file(state, out / WEIGHTS, metadata={"format": "pt"})
+    save_file({name: t.contiguous() for name, t in state.items()}, out / WEIGHTS, metadata={"format": "pt"})
     tokenizer.save(out / TOKENIZER)
     (out / CONFIG).write_text(text + "\n", encoding="utf-8")
     return out
@@ -151,6 +153,38 @@ def _vision_tower(model: nn.Module) -> nn.Module | None:
 def load_exported(path: str | Path, device: str | torch.device = "cpu") -> Exported:
     """Rebuild an exported model (eval mode, on ``device``) with its tokenizer; see the module doc."""
     path = Path(path)
+    config = read_export_config(path)
+    model = instantiate(config["model"], _convert_="all")
+    load_weights(model, _weights(path), str(path / WEIGHTS))
+    tokenizer = Tokenizer.from_file(path / TOKENIZER)
+    return Exported(model.to(device).eval(), tokenizer, config)
+
+
+def task_from_export(path: str | Path) -> Any:
+    """The mmtx task an export was written from, rebuilt from its three files (eval mode):
+    what ``mmtx-caption``, ``mmtx-vqa`` and ``mmtx-eval`` load in place of a checkpoint.
+
+    Its ``data_config`` holds only the image size the model was trained at.
+    """
+    path = Path(path)
+    config = read_export_config(path)
+    name = config.get("task")
+    if not isinstance(name, str) or not name.startswith(ALLOWED_TASKS):
+        raise ExportError(f"{path / CONFIG}: records no mmtx task ('task'): load the bare model with load_exported")
+    try:
+        cls = get_object(name)
+    except Exception as e:  # renamed or removed since the export was written
+        raise ExportError(f"{path / CONFIG}: written by {name}, which this mmtx does not have ({e})") from e
+    tokenizer = Tokenizer.from_file(path / TOKENIZER)
+    arguments = {key: config[key] for key in ("answers", "generation") if key in config}
+    task = cls(model=config["model"], tokenizer=tokenizer.to_str(), **arguments)
+    load_weights(task.model, _weights(path), str(path / WEIGHTS))
+    task.data_config = {"image_size": config["image_size"]} if "image_size" in config else None
+    return task.eval()
+
+
+def read_export_config(path: Path) -> dict[str, Any]:
+    """The checked ``config.json`` of the export directory ``path``."""
     config_path = path / CONFIG
     if not config_path.is_file():
         raise ExportError(f"{path}: not an mmtx export (no {CONFIG})")
@@ -163,14 +197,17 @@ def load_exported(path: str | Path, device: str | torch.device = "cpu") -> Expor
     if config.get("format_version", 0) > FORMAT_VERSION:
         raise ExportError(f"{config_path}: format_version {config['format_version']} is newer than this mmtx reads")
     _check_targets(config["model"], f"{config_path}: model")
-    model = instantiate(config["model"], _convert_="all")
+    return config
+
+
+def _weights(path: Path) -> dict[str, Tensor]:
+    file = path / WEIGHTS
+    if not file.is_file():
+        raise ExportError(f"{file}: not found")
     try:
-        tensors = load_file(path / WEIGHTS)
-    except SafetensorsError as e:
-        raise ExportError(str(e)) from e
-    load_weights(model, tensors, str(path / WEIGHTS))
-    tokenizer = Tokenizer.from_file(path / TOKENIZER)
-    return Exported(model.to(device).eval(), tokenizer, config)
+        return load_file(file)
+    except (SafetensorError, OSError) as e:
+        raise ExportError(f"{file}: not a readable safetensors file ({e})") from e
 
 
 def load_weights(model: nn.Module, tensors: Mapping[str, Tensor], source: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 
@@ -17,3 +19,9 @@ def cpu_has_native_bf16() -> bool:
 def cpu_precision() -> str:
     """Lightning's ``precision`` for training on this CPU: bf16 autocast where it is native, else fp32."""
     return "bf16-mixed" if cpu_has_native_bf16() else "32-true"
+
+
+def loader_workers(most: int = 4) -> int:
+    """Data-loader worker processes for this machine: up to ``most``, leaving one core to the
+    training process (0 on a single core: load in the main process)."""
+    return max(0, min(int(most), (os.cpu_count() or 1) - 1))

@@ -324,6 +324,8 @@ def test_mmtx_train_prints_metrics_and_baseline(resumed) -> None:
     for name in ("BLEU-4", "CIDEr"):  # model and baseline columns, the numbers of metrics.json
         assert table_row(result.stdout, name) == [name, f"{run.metrics[name]:.4f}", f"{summary['baseline'][name]:.4f}"]
     assert "baseline" in result.stdout.split("metric", 1)[0]  # what the baseline is, said before the table
+    for noise in ("litlogger", "litmodels", "LeafSpec", "could not find the monitored key"):  # libraries' chatter
+        assert noise not in result.stdout + result.stderr, noise
 
 
 @pytest.mark.slow
@@ -374,6 +376,23 @@ def test_mmtx_train_logs_to_wandb_offline(resumed, trained: Run) -> None:
 
 
 # ------------------------------------------------------------------------------------ 6. resume
+
+
+@pytest.mark.slow
+def test_the_logger_changes_nothing_that_is_trained_or_generated(cli, tiny: list[str], tmp_path: Path) -> None:
+    """logger=csv, wandb (offline) and none train bit-identical weights and score the same."""
+    loggers = ("csv", "wandb", "none")
+    cli.run_many(*[
+        ("mmtx-train", *tiny, *TRAIN, f"logger={name}", "trainer.max_steps=3", f"hydra.run.dir={tmp_path / name}")
+        for name in loggers
+    ], cwd=tmp_path)  # fmt: skip
+    states = [read_checkpoint(tmp_path / name / "checkpoints" / "last.ckpt")["state_dict"] for name in loggers]
+    metrics = [json.loads((tmp_path / name / "metrics.json").read_text())["metrics"] for name in loggers]
+    for name, state, scores in zip(loggers[1:], states[1:], metrics[1:]):
+        assert state.keys() == states[0].keys()
+        differing = [key for key in state if not torch.equal(state[key], states[0][key])]
+        assert not differing, f"logger={name} trained other weights: {differing[:3]}"
+        assert scores == metrics[0], name
 
 
 @pytest.mark.slow
@@ -454,6 +473,57 @@ def test_mmtx_caption_prints_one_caption_per_image(cli, trained: Run, val_record
         assert [path for path, _ in lines] == [str(p) for p in images], cli.describe(result)
         for _, caption in lines:
             assert caption.strip() and caption == " ".join(caption.split())  # words, single spaces
+
+
+@pytest.mark.slow
+def test_the_inference_commands_read_an_export_directory_like_the_checkpoint(cli, trained: Run, val_records,
+                                                                             tmp_path: Path) -> None:
+    copy_images([r.path for r in val_records[:2]], tmp_path, ["a.png", "b.png"])
+    listed = f"images=[{tmp_path / 'a.png'},{tmp_path / 'b.png'}]"
+    export = tmp_path / "export"
+    cli.run("mmtx-export", f"ckpt={trained.last}", f"out={export}", cwd=tmp_path)
+    from_ckpt, from_export, evaluated = cli.run_many(
+        ("mmtx-caption", f"ckpt={trained.last}", listed),
+        ("mmtx-caption", f"ckpt={export}", listed),
+        ("mmtx-eval", f"ckpt={export}"),  # an export records no data set: say so, in one line
+        cwd=tmp_path, check=False,
+    )
+    captions = [line.split("\t") for line in from_export.stdout.splitlines() if "\t" in line]
+    assert len(captions) == 2 and from_export.stdout == from_ckpt.stdout, cli.describe(from_export)
+    assert evaluated.returncode == 1 and evaluated.stderr.strip() == (
+        f"mmtx: {export} records no data set: choose one, e.g. data=coco data.val.annotations=..."
+    ), cli.describe(evaluated)
+
+
+def test_checkpoints_record_absolute_data_paths_and_eval_names_the_missing_ones(
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run started with ``data.val.annotations=mydata/x.json`` records where that is, so the
+    checkpoint evaluates from any directory; files gone since are named, with how to give others."""
+    from omegaconf import OmegaConf
+
+    from mmtx.cli.common import absolute_data_paths
+    from tests.bad_inputs import write_tiny_checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_train(["data=coco", *(f"data.{s}.{f}=mydata/{s}_{f}" for s in ("train", "val")
+                                        for f in ("annotations", "images"))])  # fmt: skip
+    absolute_data_paths(cfg.data)
+    assert cfg.data.val.annotations == str(tmp_path / "mydata" / "val_annotations")
+    assert cfg.data.train.images == str(tmp_path / "mydata" / "train_images")
+
+    ckpt = write_tiny_checkpoint(tmp_path / "run" / "last.ckpt")
+    contents = torch.load(ckpt, weights_only=True)
+    torch.save({**contents, DATA_KEY: OmegaConf.to_container(cfg.data, resolve=True)}, ckpt)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = cli.run("mmtx-eval", f"ckpt={ckpt}", cwd=elsewhere, check=False)
+    assert result.returncode == 1, cli.describe(result)
+    assert result.stderr.strip() == (
+        f"mmtx: {ckpt} was trained on data files that are not here (annotations={tmp_path}/mydata/val_annotations, "
+        f"images={tmp_path}/mydata/val_images); give the data to evaluate on, e.g. data=coco "
+        "data.val.annotations=FILE data.val.images=DIR"
+    )
 
 
 # ------------------------------------------------------------------- 5. overrides and multirun

@@ -190,3 +190,14 @@ def test_every_unset_data_file_is_named_at_once() -> None:
     assert "data.val.images" not in message
     assert "data.val.images is not set" in _problems(_eval_cfg("ckpt=x.ckpt", "data=coco", "data.val.annotations=a.json"),
                                                      check=check_eval_config)
+
+
+def test_file_data_sets_start_one_loader_worker_fewer_than_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mmtx.hardware import loader_workers
+
+    for cores, workers in ((1, 0), (2, 1), (3, 2), (16, 4)):
+        monkeypatch.setattr("os.cpu_count", lambda cores=cores: cores)
+        assert loader_workers() == workers
+    monkeypatch.setattr("os.cpu_count", lambda: 2)  # this CI machine's size: not 4 workers on 2 cores
+    for data in ("coco", "karpathy", "vqa"):
+        assert _train_cfg(f"data={data}").data.num_workers == 1

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.generation import GenerationConfig, generate
 from mmtx.models.two_stream import TwoStreamModel
 from mmtx.pretrained import PretrainedError, load_decoder, load_text_encoder, load_vit
-from mmtx.safetensors import save_file
 
 timm = pytest.importorskip("timm", reason="timm is the reference for the timm ViT layout (pip install '.[test]')")
 transformers = pytest.importorskip("transformers", reason="transformers is the reference for HF layouts")

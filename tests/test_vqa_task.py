@@ -171,7 +171,7 @@ def test_mmtx_eval_on_pretraining_and_vqa_checkpoints(cli, runs, tmp_path: Path)
     assert all(set(p) == {"question_id", "answer"} and isinstance(p["answer"], str) for p in predictions)
 
 
-@pytest.mark.parametrize("pooling", ["product", "concat", "tokens"])
+@pytest.mark.parametrize("pooling", ["product", "concat", "tokens", "max"])
 def test_classifier_poolings_score_every_answer_and_learn(pooling: str) -> None:
     """Both heads give (B, A) logits, and a few steps on one batch lower the loss."""
     from mmtx.models import TextEncoder, VisionEncoder
@@ -206,5 +206,5 @@ def test_unknown_pooling_is_refused() -> None:
 
     backbone = TwoStreamModel(VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2),
                               TextEncoder(vocab_size=30, dim=32, depth=1, num_heads=2, max_length=8), co_layers=1)
-    with pytest.raises(ValueError, match="pooling='mean' must be one of product, concat, tokens"):
+    with pytest.raises(ValueError, match="pooling='mean' must be one of product, concat, tokens, max"):
         VqaClassifier(backbone, num_answers=3, pooling="mean")

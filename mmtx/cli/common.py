@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,8 +22,9 @@ from mmtx.data.bad_data import BadDataError
 from mmtx.data.captions import AnnotationError
 from mmtx.data.images import ImageLoadError
 from mmtx.data.tokenizer import Tokenizer, TokenizerError
+from mmtx.export import ExportError
 from mmtx.generation import GenerationConfig
-from mmtx.hardware import cpu_precision
+from mmtx.hardware import cpu_precision, loader_workers
 
 log = logging.getLogger("mmtx")
 
@@ -29,25 +32,66 @@ CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "conf")  # mmtx/conf, pac
 
 # ${mmtx.cpu_precision:} in trainer presets: bf16 autocast where the CPU has it natively, else fp32
 OmegaConf.register_new_resolver("mmtx.cpu_precision", cpu_precision, replace=True)
+# ${mmtx.loader_workers:4} in data configs: up to 4 loader workers, one core left to training
+OmegaConf.register_new_resolver("mmtx.loader_workers", loader_workers, replace=True)
 
 # problems with the user's files or settings: reported in one line, not as a traceback
 USER_ERRORS = (
     AnnotationError, CheckpointError, ImageLoadError, TokenizerError, FileNotFoundError, NonFiniteLossError,
-    ConfigError, BadDataError,
+    ConfigError, BadDataError, ExportError,
 )
 
 
+# what libraries print on every run that says nothing about it: Lightning's advertisements, a
+# deprecation inside Lightning's own code, and the checkpoint monitor's complaint before the first
+# validation (mmtx validates the final weights of every run), the model summary's size estimate
+_ADVERTS = ("💡 Tip:",)
+_NOISE = (
+    r".*isinstance\(treespec, LeafSpec\)", r".*could not find the monitored key in the returned metrics",
+    r"Precision .* is not supported by the model summary",
+)
+
+
+class _DropAdverts(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_ADVERTS)
+
+
+def mute_library_noise() -> None:
+    """Keep the console to mmtx's lines, the progress bar and real warnings."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):  # rank_zero_info
+        logging.getLogger(name).addFilter(_DropAdverts())
+    for message in _NOISE:
+        warnings.filterwarnings("ignore", message=message)
+
+
 def friendly_errors(fn: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:
-    """Exit with ``mmtx: <message>`` (status 1) when ``fn`` fails on bad input."""
+    """Exit with ``mmtx: <message>`` (status 1) when ``fn`` fails on bad input; library noise muted."""
 
     @functools.wraps(fn)
     def wrapper(cfg: DictConfig) -> Any:
+        mute_library_noise()
         try:
             return fn(cfg)
         except USER_ERRORS as e:
             sys.exit(f"mmtx: {e}")
 
     return wrapper
+
+
+DATA_FILE_KEYS = ("annotations", "images", "questions")  # the user's files in a data config
+
+
+def absolute_data_paths(data: DictConfig) -> None:
+    """Make the data config's file paths (and a generated set's ``root``) absolute, in place, so
+    that the config a checkpoint records works from any directory."""
+    for node in (data, *(data.get(split) for split in ("train", "val", "test"))):
+        if not isinstance(node, DictConfig):
+            continue
+        for key in (*DATA_FILE_KEYS, "root"):
+            value = node.get(key)
+            if isinstance(value, str) and value:
+                node[key] = os.path.abspath(os.path.expanduser(value))
 
 
 def instantiate_dict(cfg: DictConfig | None) -> list[Any]:

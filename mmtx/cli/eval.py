@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mmtx.checkpoint import CheckpointError, load_task
 from mmtx.config_check import ConfigError, check_eval_config
-from mmtx.cli.common import CONFIG_DIR, friendly_errors, generation_override, make_trainer, to_container
+from mmtx.cli.common import CONFIG_DIR, DATA_FILE_KEYS, friendly_errors, generation_override, make_trainer, to_container
 from mmtx.metrics.table import format_metrics_table
 
 
@@ -20,8 +20,10 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     check_eval_config(cfg)
     task = load_task(cfg.ckpt)
     data_cfg = to_container(cfg.data) if cfg.get("data") else task.data_config
-    if data_cfg is None:
+    if not data_cfg or "_target_" not in data_cfg:  # e.g. an export directory: it records the image size only
         raise CheckpointError(f"{cfg.ckpt} records no data set: choose one, e.g. data=coco data.val.annotations=...")
+    if not cfg.get("data"):
+        recorded_files_exist(data_cfg, cfg.split, cfg.ckpt)
     trained = (task.data_config or {}).get("image_size")
     data_cfg["image_size"] = cfg.image_size or trained or data_cfg.get("image_size")
     if task.generation is not None:  # tasks that write text: captioning, generative VQA
@@ -51,6 +53,18 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
             print(f"predictions: {cfg.predictions}")
         return metrics
     return {}
+
+
+def recorded_files_exist(data: dict, split: str, ckpt: str) -> None:
+    """The files of ``split`` that the checkpoint's data config names must be here."""
+    split_files = data.get(split) if isinstance(data.get(split), dict) else {}
+    missing = [f"{key}={value}" for key, value in {**data, **split_files}.items()
+               if key in DATA_FILE_KEYS and isinstance(value, str) and not Path(value).exists()]
+    if missing:
+        raise ConfigError(
+            f"{ckpt} was trained on data files that are not here ({', '.join(missing)}); give the data to "
+            f"evaluate on, e.g. data=coco data.{split}.annotations=FILE data.{split}.images=DIR"
+        )
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="eval")

@@ -11,7 +11,6 @@ from mmtx.checkpoint import load_task
 from mmtx.cli.common import CONFIG_DIR, friendly_errors
 from mmtx.export import ExportError, export_task
 from mmtx.pretrained import PretrainedError
-from mmtx.safetensors import SafetensorsError
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="export")
@@ -19,7 +18,7 @@ from mmtx.safetensors import SafetensorsError
 def main(cfg: DictConfig) -> None:
     try:
         out = export_task(load_task(cfg.ckpt), cfg.out)
-    except (ExportError, PretrainedError, SafetensorsError) as e:
+    except (ExportError, PretrainedError) as e:
         sys.exit(f"mmtx: {e}")
     print(f"exported {cfg.ckpt} to {out}/ (model.safetensors, config.json, tokenizer.json)")
 

@@ -20,6 +20,7 @@ from mmtx.compile import compile_blocks
 from mmtx.config_check import ConfigError, check_train_config
 from mmtx.cli.common import (
     CONFIG_DIR,
+    absolute_data_paths,
     build_tokenizer,
     friendly_errors,
     instantiate_dict,
@@ -34,6 +35,7 @@ from mmtx.metrics.table import format_metrics_table
 def train(cfg: DictConfig) -> dict[str, float]:
     """Run one training job; returns the final validation metrics."""
     check_train_config(cfg)  # impossible settings fail here, before any data is made or read
+    absolute_data_paths(cfg.data)  # the checkpoint records where the data is, from anywhere
     L.seed_everything(cfg.seed, workers=True)
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ from mmtx.models.two_stream import TwoStreamModel
 from mmtx.nn.init import init_weights
 
 
-POOLINGS = ("product", "concat", "tokens")
+POOLINGS = ("product", "concat", "tokens", "max")
 
 
 class VqaClassifier(nn.Module):
@@ -25,8 +25,10 @@ class VqaClassifier(nn.Module):
         pooling: what the MLP reads: ``product`` is ViLBERT's ``pool(h_IMG) * pool(h_CLS)``;
             ``concat`` is ``[pool(h_IMG); pool(h_CLS)]`` (as METER does), which keeps each
             stream's summary whole instead of gating one by the other; ``tokens`` is
-            ``[mean(vision tokens); mean(question tokens)]`` after co-attention, so the answer
-            reads every fused token rather than two summary tokens.
+            ``[mean(image tokens); mean(question tokens)]`` after co-attention, so the answer
+            reads every fused token rather than two summary tokens; ``max`` takes the image
+            tokens' maximum instead of their mean: a small object that answers the question
+            stands out of a mostly empty image instead of being averaged away.
     """
 
     def __init__(
@@ -37,8 +39,8 @@ class VqaClassifier(nn.Module):
         if pooling not in POOLINGS:
             raise ValueError(f"pooling={pooling!r} must be one of {', '.join(POOLINGS)}")
         self.backbone, self.pooling = backbone, pooling
-        width = {"product": backbone.joint_dim, "concat": 2 * backbone.joint_dim,
-                 "tokens": backbone.vision.dim + backbone.text.dim}[pooling]
+        tokens = backbone.vision.dim + backbone.text.dim
+        width = {"product": backbone.joint_dim, "concat": 2 * backbone.joint_dim, "tokens": tokens, "max": tokens}[pooling]
         hidden = int(backbone.joint_dim * hidden_mult)
         self.head = nn.Sequential(
             nn.Linear(width, hidden), nn.GELU(), nn.LayerNorm(hidden), nn.Dropout(dropout),
@@ -53,10 +55,11 @@ class VqaClassifier(nn.Module):
     def forward(self, images: Tensor, input_ids: Tensor, text_mask: Tensor) -> Tensor:
         """Answer logits (B, num_answers)."""
         joint = self.backbone(images, input_ids, text_mask)
-        if self.pooling == "tokens":
+        if self.pooling in ("tokens", "max"):
             weights = text_mask.unsqueeze(-1).to(joint.text.dtype)  # (B, T, 1): question tokens only
             text = (joint.text * weights).sum(1) / weights.sum(1).clamp(min=1)
-            return self.head(torch.cat([joint.vision.mean(1), text], dim=-1))
+            vision = joint.vision.mean(1) if self.pooling == "tokens" else joint.vision.amax(1)
+            return self.head(torch.cat([vision, text], dim=-1))
         if self.pooling == "concat":
             return self.head(torch.cat([joint.image_pooled, joint.text_pooled], dim=-1))
         return self.head(joint.pooled)

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 from torch import Tensor
 
-from mmtx.safetensors import SafetensorsError, load_file
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +66,12 @@ def read_weights(path: Path) -> dict[str, Tensor]:
             tensors.update(read_weights(path.parent / shard))
         return tensors
     if path.suffix == ".safetensors":
+        if not path.is_file():
+            raise PretrainedError(f"weights file not found: {path}")
         try:
             return load_file(path)
-        except SafetensorsError as e:
-            raise PretrainedError(str(e)) from e
+        except (SafetensorError, OSError) as e:
+            raise PretrainedError(f"{path}: not a readable safetensors file ({e})") from e
     if path.suffix not in WEIGHT_SUFFIXES:
         raise PretrainedError(f"{path}: unknown weights format (expected one of {', '.join(WEIGHT_SUFFIXES)})")
     if not path.is_file():
