@@ -24,7 +24,7 @@ def tiny_captioner(pos_embed: str = "learned", vocab: int = 40, seed: int = 0, s
 
 
 def compose_train(overrides: list[str]):
-    """mmtx/conf/train.yaml composed with ``overrides``, the ``hydra`` node included."""
+    """conf/train.yaml composed with ``overrides``, the ``hydra`` node included."""
     from hydra import compose, initialize_config_dir
 
     from mmtx.cli.common import CONFIG_DIR

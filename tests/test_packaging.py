@@ -1,4 +1,5 @@
-"""The wheel a user installs carries everything mmtx reads at run time: its Hydra configs."""
+"""The wheel a user installs carries everything mmtx reads at run time: every module and the
+Hydra configs of the top-level conf/, as mmtx/conf."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ def test_wheel_holds_every_config(tmp_path: Path) -> None:
         check=True, capture_output=True, text=True,
     )
     (wheel,) = tmp_path.glob("mmtx-*.whl")
-    shipped = {name for name in zipfile.ZipFile(wheel).namelist() if name.endswith(".yaml")}
-    expected = {str(p.relative_to(ROOT)) for p in (ROOT / "mmtx" / "conf").rglob("*.yaml")}
+    names = zipfile.ZipFile(wheel).namelist()
+    shipped = {name for name in names if name.endswith(".yaml")}
+    expected = {f"mmtx/{p.relative_to(ROOT)}" for p in (ROOT / "conf").rglob("*.yaml")}
     assert "mmtx/conf/train.yaml" in expected and shipped == expected
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "mmtx").rglob("*.py")}
+    assert modules <= set(names), sorted(modules - set(names))  # no subpackage left out of pyproject's list

@@ -28,7 +28,9 @@ from mmtx.hardware import cpu_precision, loader_workers
 
 log = logging.getLogger("mmtx")
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "conf")  # mmtx/conf, package data of the wheel
+# the configs: mmtx/conf in an installed wheel (package data), else the source tree's top-level conf/
+_PACKAGED, _SOURCE = (Path(__file__).resolve().parents[n] / "conf" for n in (1, 2))
+CONFIG_DIR = str(_PACKAGED if _PACKAGED.is_dir() else _SOURCE)
 
 # ${mmtx.cpu_precision:} in trainer presets: bf16 autocast where the CPU has it natively, else fp32
 OmegaConf.register_new_resolver("mmtx.cpu_precision", cpu_precision, replace=True)
