@@ -9,7 +9,7 @@ from omegaconf import DictConfig
 
 from mmtx.checkpoint import load_task
 from mmtx.cli.common import CONFIG_DIR, friendly_errors
-from mmtx.export import ExportError, export_task
+from mmtx.export import export_task
 from mmtx.pretrained import PretrainedError
 
 
@@ -18,7 +18,7 @@ from mmtx.pretrained import PretrainedError
 def main(cfg: DictConfig) -> None:
     try:
         out = export_task(load_task(cfg.ckpt), cfg.out)
-    except (ExportError, PretrainedError) as e:
+    except PretrainedError as e:  # ExportError is one of friendly_errors' user errors
         sys.exit(f"mmtx: {e}")
     print(f"exported {cfg.ckpt} to {out}/ (model.safetensors, config.json, tokenizer.json)")
 
