@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.generation import GenerationConfig, generate
+from mmtx.models.captioner import ImageCaptioner
 from mmtx.models.two_stream import TwoStreamModel
 from mmtx.pretrained import PretrainedError, load_decoder, load_text_encoder, load_vit
 
@@ -279,6 +280,31 @@ def test_plain_gpt2_bin_gets_new_cross_attention_and_a_larger_vocabulary(tmp_pat
         logits = decoder(ids, torch.randn(2, 4, 16))
         assert max_diff(logits[..., :70], reference(ids).logits) < TOL
         assert torch.all(decoder.body.token_embed.weight[74] == 0)  # the padding row
+
+
+@pytest.mark.parametrize("decoder_kind", ["gpt2", "bert"])
+def test_vision_encoder_decoder_wider_encoder_projection_is_imported(tmp_path: Path, decoder_kind: str) -> None:
+    """A VisionEncoderDecoder whose ViT (width 48) is wider than its decoder (32) projects the image
+    tokens (``enc_to_dec_proj``) before cross-attention: the captioner built from its files gives
+    its logits."""
+    torch.manual_seed(7)
+    encoder = transformers.ViTConfig(hidden_size=48, num_hidden_layers=1, num_attention_heads=4,
+                                     intermediate_size=64, image_size=32, patch_size=8)  # fmt: skip
+    decoder = (
+        transformers.GPT2Config(vocab_size=70, n_embd=32, n_layer=2, n_head=4, n_positions=24)
+        if decoder_kind == "gpt2"
+        else transformers.BertConfig(**BERT)
+    )
+    config = transformers.VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
+    reference = randomize(transformers.VisionEncoderDecoderModel(config=config), seed=7)
+    assert reference.enc_to_dec_proj.weight.shape == (32, 48)
+    reference.save_pretrained(tmp_path)
+    captioner = ImageCaptioner(load_vit(tmp_path), load_decoder(tmp_path, context_dim=48)).eval()
+    gen = torch.Generator().manual_seed(7)
+    images, ids = torch.randn(2, 3, 32, 32, generator=gen), torch.randint(0, 60, (2, 9), generator=gen)
+    with torch.no_grad():
+        expected = reference(pixel_values=images, decoder_input_ids=ids).logits
+        assert max_diff(captioner(images, ids), expected) < TOL
 
 
 def test_decoder_import_errors_name_the_problem(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from mmtx.pretrained.convert import (
     activation_name,
     context_width,
     extend_rows,
+    fold_context_projection,
     find_prefix,
     first_rows,
     head_count,
@@ -111,6 +112,7 @@ def bert_decoder(
     parent = prefix.removesuffix("bert.")
     head = t.at(parent + "cls.predictions.")
     converted = {f"body.{name}": tensor for name, tensor in body.items()}
+    fold_context_projection(t, parent, converted, arch["depth"])
     has_head = head.has("transform.dense.weight")
     tied = True
     if has_head:

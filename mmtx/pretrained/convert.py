@@ -243,6 +243,33 @@ def context_width(kv: tuple[Tensor, str] | None, context_dim: int | None, defaul
     return width
 
 
+def fold_context_projection(
+    t: Tensors, parent: str, converted: dict[str, tuple[Tensor, str]], depth: int
+) -> None:
+    """Import a VisionEncoderDecoder's ``enc_to_dec_proj`` into the decoder's cross-attention.
+
+    Where the encoder is wider than the decoder, Hugging Face projects the encoder's tokens
+    (``enc_to_dec_proj``, beside ``encoder.`` and ``decoder.``) before every cross-attention reads
+    them. mmtx's cross-attention reads the encoder's width itself, so the projection is folded
+    into each layer's key/value map, which is exact since both are affine:
+    ``W_kv' = W_kv W_p`` and ``b_kv' = W_kv b_p + b_kv`` (computed in float64). ``parent`` is
+    where the decoder sits (``decoder.``); ``converted`` is changed in place.
+    """
+    if not parent.endswith("decoder."):
+        return
+    root = t.at(parent.removesuffix("decoder."))
+    if not root.has("enc_to_dec_proj.weight"):
+        return
+    (w_p, name), (b_p, _) = root.take("enc_to_dec_proj.weight"), root.take("enc_to_dec_proj.bias")
+    for i in range(depth):
+        kv = f"body.blocks.{i}.cross_attn.kv"
+        if f"{kv}.weight" not in converted:
+            raise PretrainedError(f"{t.source}: '{name}' projects the encoder's tokens, but the decoder has no cross-attention")
+        (w, w_name), (b, b_name) = converted[f"{kv}.weight"], converted[f"{kv}.bias"]
+        converted[f"{kv}.weight"] = ((w.double() @ w_p.double()).to(w.dtype), w_name)  # (2D, D_encoder)
+        converted[f"{kv}.bias"] = ((w.double() @ b_p.double() + b.double()).to(b.dtype), b_name)
+
+
 def new_cross_attention(depth: int) -> list[str]:
     """Name prefixes of a CaptionDecoder's cross-attention, for checkpoints without it."""
     return [f"body.blocks.{i}.{part}" for i in range(depth) for part in ("cross_attn.", "norm_cross.")]

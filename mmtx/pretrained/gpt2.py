@@ -18,6 +18,7 @@ from mmtx.pretrained.convert import (
     activation_name,
     context_width,
     extend_rows,
+    fold_context_projection,
     first_rows,
     head_count,
     load_converted,
@@ -75,6 +76,7 @@ def gpt2_decoder(
     for param in ("weight", "bias"):
         converted[f"body.norm.{param}"] = t.take(f"ln_f.{param}")
     parent = prefix.removesuffix("transformer.")
+    fold_context_projection(t, parent, converted, depth)
     head = t.at(parent)
     tied = True
     if head.has("lm_head.weight"):  # absent when tied (save_pretrained and the Hub's gpt2 files)
