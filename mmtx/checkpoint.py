@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -186,7 +187,7 @@ def _shown(value: Any) -> str:
 
 
 def init_from(
-    module: nn.Module, path: str | Path, renames: dict[str, str] | None = None
+    module: nn.Module, path: str | Path, renames: Mapping[str, str] | None = None
 ) -> tuple[list[str], list[str]]:
     """Copy into ``module`` every weight of checkpoint ``path`` whose name and shape match.
 

@@ -15,11 +15,11 @@ from mmtx.config_check import ConfigError
 from mmtx.data.images import load_image
 from mmtx.data.transforms import build_transforms
 from mmtx.data.vqa import read_vqa
-from mmtx.tasks.vqa import VqaTask
+from mmtx.tasks.vqa import AnswerTask
 
 
 def answer_questions(
-    task: VqaTask, pairs: list[tuple[str | Path, str]], image_size: int, batch_size: int, k: int
+    task: AnswerTask, pairs: list[tuple[str | Path, str]], image_size: int, batch_size: int, k: int
 ) -> list[list[tuple[str, float]]]:
     """The top ``k`` (answer, score) for each (image file, question), in order."""
     transform = build_transforms(image_size, train=False)
@@ -40,7 +40,7 @@ def main(cfg: DictConfig) -> None:
         given = ", ".join(k for k in ("image", "question", "questions", "images") if cfg.get(k)) or "neither"
         raise ConfigError(f'give image=FILE question="..." or questions=FILE.json images=DIR (given: {given})')
     task = load_task(cfg.ckpt, map_location=cfg.device)
-    if not isinstance(task, VqaTask):
+    if not isinstance(task, AnswerTask):
         raise CheckpointError(f"{cfg.ckpt} is a {type(task).__name__} checkpoint, not a VQA one (task=vqa)")
     size = cfg.image_size or (task.data_config or {}).get("image_size") or task.model.backbone.vision.image_size
     if cfg.questions:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import lightning as L
@@ -21,8 +23,9 @@ class Task(L.LightningModule):
     """
 
     data_config: dict | None = None
-    # checkpoint name prefix -> this task's, for init_from (e.g. a pretrained vision stream)
-    init_renames: dict[str, str] = {}
+    # checkpoint name prefix -> this task's, for init_from (e.g. a pretrained vision stream);
+    # read-only, so that no task can change another's
+    init_renames: Mapping[str, str] = MappingProxyType({})
     metrics: dict[str, float]  # the last validation's metrics (every task keeps them)
     generation: GenerationConfig | None = None  # decoding settings, for tasks that write text
     samples: list[dict[str, Any]] | None = None  # validation examples for loggers to show

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 import lightning as L
@@ -38,7 +39,7 @@ class CaptionTask(Task):
     """
 
     # a two-stream pretraining checkpoint's vision stream becomes the captioner's image encoder
-    init_renames = {"model.backbone.vision.": "model.encoder."}
+    init_renames = MappingProxyType({"model.backbone.vision.": "model.encoder."})
 
     def __init__(
         self,

@@ -27,48 +27,43 @@ def soft_targets(answers: list[list[str]], answer_index: dict[str, int]) -> torc
     return out
 
 
-class VqaTask(Task):
-    """Trains a :class:`~mmtx.models.vqa.VqaClassifier` with BCE on the official soft scores
-    and reports the official VQA accuracy (overall and per answer type).
+class AnswerTask(Task):
+    """What both ways of answering share: the optimiser, validation with the official VQA accuracy
+    (overall and per answer type), the predictions file and the answer-prior baseline.
+
+    Subclasses build their model (``model_arguments``), score a batch (``loss``) and answer
+    (``answer``).
 
     Args:
-        model: the classifier's config; the text stream's vocabulary and ``num_answers`` are
-            filled in from the tokenizer and the answer vocabulary.
+        model: the model's config; what it leaves to the data comes from ``model_arguments``.
         tokenizer: the tokenizer as JSON text.
-        answers: the answer vocabulary (built from the training answers by :meth:`from_data`).
-        num_answers: how many of the most frequent training answers form the vocabulary
-            (ViLBERT: 3129).
+        lr, weight_decay, betas: AdamW settings (no decay on biases, norms, positions).
+        warmup_ratio, min_lr_ratio: linear warm-up over that share of the run's budget, then cosine
+            decay to ``min_lr_ratio * lr``.
     """
 
-    data_arguments = ("answers",)  # built from the training data; restored from checkpoints
-
     def __init__(
-        self, model: dict, tokenizer: str, answers: list[str] | None = None, num_answers: int = 3129,
-        lr: float = 5e-4, weight_decay: float = 0.05, betas: tuple[float, float] = (0.9, 0.98),
-        warmup_ratio: float = 0.05, min_lr_ratio: float = 0.01,
+        self, model: dict, tokenizer: str, lr: float = 5e-4, weight_decay: float = 0.05,
+        betas: tuple[float, float] = (0.9, 0.98), warmup_ratio: float = 0.05, min_lr_ratio: float = 0.01,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(logger=False)
+        self.save_hyperparameters(logger=False)  # the subclass's arguments too (Lightning walks the __init__s)
         self.tokenizer = tok = Tokenizer.from_str(tokenizer)
-        self.answers = list(answers or [])
-        self.answer_index = {a: i for i, a in enumerate(self.answers)}
         self.model = instantiate(model, **self.model_arguments(tok))
         self.val_outputs: list[dict[str, Any]] = []
         self.metrics: dict[str, float] = {}
 
     def model_arguments(self, tok: Tokenizer) -> dict[str, Any]:
-        if not self.answers:
-            raise ValueError("VqaTask needs an answer vocabulary (answers=[...]); the training data gives it")
-        return {"backbone": {"text": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}},
-                "num_answers": len(self.answers)}
+        """What the model config leaves to the data: vocabulary sizes, padding id."""
+        raise NotImplementedError
 
-    @classmethod
-    def from_data(cls, datamodule: L.LightningDataModule, num_answers: int = 3129, **_: Any) -> dict[str, Any]:
-        """The answer vocabulary: the ``num_answers`` most frequent training answers."""
-        return {"answers": build_answer_vocab(datamodule.answers("train"), size=num_answers)}
+    def loss(self, batch: dict[str, Any]) -> torch.Tensor:
+        raise NotImplementedError
 
-    def targets(self, answers: list[list[str]]) -> torch.Tensor:
-        return soft_targets(answers, self.answer_index).to(self.device)
+    def answer(self, images: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor, k: int = 1
+               ) -> list[list[tuple[str, float]]]:
+        """The top ``k`` (answer, probability) per question."""
+        raise NotImplementedError
 
     # --- training ------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
@@ -78,26 +73,12 @@ class VqaTask(Task):
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=B)
         return loss
 
-    def loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        logits = self.model(batch["images"], batch["input_ids"], batch["attention_mask"])
-        return self.model.loss(logits, self.targets(batch["answers"]))
-
     def configure_optimizers(self) -> dict:
         h = self.hparams
         return build_optimizer(
             self.model, self.trainer, lr=h.lr, weight_decay=h.weight_decay, betas=h.betas, warmup_ratio=h.warmup_ratio,
             min_lr_ratio=h.min_lr_ratio,
         )
-
-    # --- answering -----------------------------------------------------------------------------
-    @torch.no_grad()
-    def answer(self, images: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor, k: int = 5
-               ) -> list[list[tuple[str, float]]]:
-        """The top ``k`` answers per question with their probabilities (sigmoid scores)."""
-        probs = self.model(images, input_ids, mask).float().sigmoid()
-        top = probs.topk(min(k, probs.shape[1]), dim=1)
-        return [[(self.answers[i], p) for i, p in zip(idx.tolist(), ps.tolist())]
-                for idx, ps in zip(top.indices, top.values)]
 
     # --- validation ----------------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
@@ -146,23 +127,70 @@ class VqaTask(Task):
         return "most frequent training answer per question type", vqa_accuracy(guess, truth)
 
 
-class GenerativeVqaTask(VqaTask):
+class VqaTask(AnswerTask):
+    """Trains a :class:`~mmtx.models.vqa.VqaClassifier` with BCE on the official soft scores.
+
+    Args:
+        model: the classifier's config; the text stream's vocabulary and ``num_answers`` are
+            filled in from the tokenizer and the answer vocabulary.
+        tokenizer: the tokenizer as JSON text.
+        answers: the answer vocabulary (built from the training answers by :meth:`from_data`).
+        num_answers: how many of the most frequent training answers form the vocabulary
+            (ViLBERT: 3129).
+        lr, weight_decay, betas, warmup_ratio, min_lr_ratio: see :class:`AnswerTask`.
+    """
+
+    data_arguments = ("answers",)  # built from the training data; restored from checkpoints
+
+    def __init__(
+        self, model: dict, tokenizer: str, answers: list[str] | None = None, num_answers: int = 3129, **optim: Any
+    ) -> None:
+        if not answers:
+            raise ValueError("VqaTask needs an answer vocabulary (answers=[...]); the training data gives it")
+        self.answers = list(answers)
+        self.answer_index = {a: i for i, a in enumerate(self.answers)}
+        super().__init__(model, tokenizer, **optim)
+
+    def model_arguments(self, tok: Tokenizer) -> dict[str, Any]:
+        return {"backbone": {"text": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}},
+                "num_answers": len(self.answers)}
+
+    @classmethod
+    def from_data(cls, datamodule: L.LightningDataModule, num_answers: int = 3129, **_: Any) -> dict[str, Any]:
+        """The answer vocabulary: the ``num_answers`` most frequent training answers."""
+        return {"answers": build_answer_vocab(datamodule.answers("train"), size=num_answers)}
+
+    def loss(self, batch: dict[str, Any]) -> torch.Tensor:
+        logits = self.model(batch["images"], batch["input_ids"], batch["attention_mask"])
+        targets = soft_targets(batch["answers"], self.answer_index).to(self.device)
+        return self.model.loss(logits, targets)
+
+    @torch.no_grad()
+    def answer(self, images: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor, k: int = 5
+               ) -> list[list[tuple[str, float]]]:
+        """The top ``k`` answers per question with their probabilities (sigmoid scores)."""
+        probs = self.model(images, input_ids, mask).float().sigmoid()
+        top = probs.topk(min(k, probs.shape[1]), dim=1)
+        return [[(self.answers[i], p) for i, p in zip(idx.tolist(), ps.tolist())]
+                for idx, ps in zip(top.indices, top.values)]
+
+
+class GenerativeVqaTask(AnswerTask):
     """Trains a :class:`~mmtx.models.vqa.VqaGenerator`: the shared decoder writes the answer
-    (the annotators' most frequent one, teacher-forced), so any answer can be produced."""
+    (the annotators' most frequent one, teacher-forced), so any answer can be produced.
 
-    data_arguments = ()
+    Args:
+        generation: decoding settings (:class:`~mmtx.generation.GenerationConfig`; default 8 new tokens).
+        model, tokenizer, lr, weight_decay, betas, warmup_ratio, min_lr_ratio: see :class:`AnswerTask`.
+    """
 
-    def __init__(self, model: dict, tokenizer: str, generation: dict | None = None, **kwargs: Any) -> None:
-        super().__init__(model, tokenizer, **kwargs)
+    def __init__(self, model: dict, tokenizer: str, generation: dict | None = None, **optim: Any) -> None:
+        super().__init__(model, tokenizer, **optim)
         self.generation = GenerationConfig(**{"max_new_tokens": 8, **(generation or {})})
 
     def model_arguments(self, tok: Tokenizer) -> dict[str, Any]:
         return {"backbone": {"text": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}},
                 "decoder": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}}
-
-    @classmethod
-    def from_data(cls, datamodule: L.LightningDataModule, **_: Any) -> dict[str, Any]:
-        return {}
 
     def loss(self, batch: dict[str, Any]) -> torch.Tensor:
         best = [Counter(normalize_answer(a) for a in answers).most_common(1)[0][0] for answers in batch["answers"]]
