@@ -10,11 +10,13 @@ to stop (see :class:`_AllDone`).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from mmtx.few_row_products import few_row_products
 from mmtx.models.decoder import CaptionDecoder
 
 
@@ -38,6 +40,9 @@ class GenerationConfig:
     top_p: float = 1.0
     min_new_tokens: int = 0
     use_cache: bool = True
+    # fp32 CPU decoding computes its few-row products as (W x^T)^T, the faster layout there
+    # (mmtx.few_row_products); false: plain F.linear
+    few_row_products: bool = True
 
     def __post_init__(self) -> None:
         checks = {
@@ -153,9 +158,11 @@ def generate(
     banned = [t for t in dict.fromkeys([pad_id, bos_id]) if t != eos_id]
     step = _Stepper(decoder, context, context_mask, cfg.use_cache, max_length, banned)
     B = context.shape[0]
-    if cfg.num_beams > 1:
-        return _beam_search(step, B, cfg, bos_id, eos_id, pad_id, context.device)
-    return _greedy_or_sample(step, B, cfg, bos_id, eos_id, pad_id, context.device, generator)
+    speedup = few_row_products() if cfg.few_row_products and context.device.type == "cpu" else nullcontext()
+    with speedup:
+        if cfg.num_beams > 1:
+            return _beam_search(step, B, cfg, bos_id, eos_id, pad_id, context.device)
+        return _greedy_or_sample(step, B, cfg, bos_id, eos_id, pad_id, context.device, generator)
 
 
 def _greedy_or_sample(

@@ -1,4 +1,4 @@
-"""Few-row linear layers: ``F.linear`` (x @ W.T) against ``mmtx.nn.Linear`` on the CPU.
+"""Few-row linear layers: ``F.linear`` (x @ W.T) against ``mmtx.few_row_products`` on the CPU.
 
 A decoding step multiplies every weight by one row per sequence. This script times
 
@@ -7,7 +7,8 @@ A decoding step multiplies every weight by one row per sequence. This script tim
   cycled through a set larger than the caches (as in a real step, where each layer's weights come
   from memory): ``{dtype}_rows_{n}``;
 * whole fp32 decoding loops of the comparison captioner (6 layers; 32 tokens; the images encoded
-  beforehand) with ``mmtx.nn.Linear``'s few-row layout on and off: ``decode_{images}x{beams}``.
+  beforehand) with generation's few-row layout on and off (``GenerationConfig.few_row_products``):
+  ``decode_{images}x{beams}``.
 
 Each pair is timed in turns (ABBA) in one process, so drift in the machine's load hits both
 alike; figures are medians. Prints one JSON line.
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from bench import BOS_ID, EOS_ID, PAD_ID, BenchConfig, build_mmtx  # scripts/bench.py, beside this file
 
-from mmtx.nn.linear import Linear
+from mmtx.few_row_products import linear_few_rows, pays
 
 
 def paired_median_us(a, b, repeats: int) -> tuple[float, float]:
@@ -54,7 +55,7 @@ def step_shapes(dim: int, vocab: int) -> list[tuple[int, int]]:
 def measure(dim: int, vocab: int, rows: int, dtype: torch.dtype, copies: int, repeats: int) -> dict[str, float]:
     plain = ours = 0.0
     for fan_in, fan_out in step_shapes(dim, vocab):
-        layers = [Linear(fan_in, fan_out).to(dtype) for _ in range(copies)]
+        layers = [torch.nn.Linear(fan_in, fan_out).to(dtype) for _ in range(copies)]
         x = torch.randn(rows, fan_in, dtype=dtype)
         turn = itertools.count()
 
@@ -62,8 +63,9 @@ def measure(dim: int, vocab: int, rows: int, dtype: torch.dtype, copies: int, re
             layer = layers[next(turn) % copies]
             F.linear(x, layer.weight, layer.bias)
 
-        def run_ours() -> None:
-            layers[next(turn) % copies](x)
+        def run_ours() -> None:  # what generation's mode does: the few-row layout where it pays
+            layer = layers[next(turn) % copies]
+            (linear_few_rows if pays(x, layer.weight) else F.linear)(x, layer.weight, layer.bias)
 
         a, b = paired_median_us(run_plain, run_ours, repeats)
         plain, ours = plain + a, ours + b
@@ -77,21 +79,15 @@ def measure_decoding(
     from mmtx.generation import GenerationConfig, generate
 
     context = model.encode(torch.randn(images, 3, cfg.image, cfg.image))
-    config = GenerationConfig(max_new_tokens=cfg.new_tokens, min_new_tokens=cfg.new_tokens, num_beams=beams)
-    tokens: dict[int, torch.Tensor] = {}
+    tokens: dict[bool, torch.Tensor] = {}
 
-    def decode(max_rows: int) -> None:
-        Linear.max_rows = max_rows
-        tokens[max_rows] = generate(
-            model.decoder, context, bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID, config=config
-        )
+    def decode(few_rows: bool) -> None:
+        config = GenerationConfig(max_new_tokens=cfg.new_tokens, min_new_tokens=cfg.new_tokens, num_beams=beams,
+                                  few_row_products=few_rows)  # fmt: skip
+        tokens[few_rows] = generate(model.decoder, context, bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID, config=config)
 
-    default = Linear.max_rows
-    try:
-        plain, ours = paired_median_us(lambda: decode(0), lambda: decode(default), repeats)
-    finally:
-        Linear.max_rows = default
-    if not torch.equal(tokens[0], tokens[default]):
+    plain, ours = paired_median_us(lambda: decode(False), lambda: decode(True), repeats)
+    if not torch.equal(tokens[False], tokens[True]):
         raise RuntimeError(f"{images}x{beams}: the two layouts decoded different tokens")
     return {"f_linear_ms": round(plain / 1e3, 1), "mmtx_linear_ms": round(ours / 1e3, 1), "speedup": round(plain / ours, 2)}
 

@@ -8,7 +8,6 @@ from mmtx.models.text import TextTransformer
 from mmtx.nn.blocks import BlockCache, activation_layer
 from mmtx.nn.embeddings import PositionKind
 from mmtx.nn.init import init_weights
-from mmtx.nn.linear import Linear
 
 
 class CaptionDecoder(nn.Module):
@@ -57,11 +56,11 @@ class CaptionDecoder(nn.Module):
             type_vocab_size=type_vocab_size, embed_norm=embed_norm,
         )
         self.head_transform = (
-            nn.Sequential(Linear(dim, dim), activation_layer(activation), nn.LayerNorm(dim, eps=norm_eps))
+            nn.Sequential(nn.Linear(dim, dim), activation_layer(activation), nn.LayerNorm(dim, eps=norm_eps))
             if head_transform
             else None
         )
-        self.lm_head = Linear(dim, vocab_size, bias=head_bias)
+        self.lm_head = nn.Linear(dim, vocab_size, bias=head_bias)
         if self.head_transform is not None:
             self.head_transform.apply(init_weights)
         init_weights(self.lm_head)

@@ -3,10 +3,9 @@
 from mmtx.nn.attention import Attention, KVCache
 from mmtx.nn.blocks import BlockCache, CoAttentionLayer, Mlp, TransformerBlock
 from mmtx.nn.embeddings import PatchEmbed, resample_positions, sinusoidal_1d, sinusoidal_2d
-from mmtx.nn.linear import Linear
 from mmtx.nn.rotary import Rotary, apply_rotary
 
 __all__ = [
-    "Attention", "BlockCache", "CoAttentionLayer", "KVCache", "Linear", "Mlp", "PatchEmbed", "Rotary",
+    "Attention", "BlockCache", "CoAttentionLayer", "KVCache", "Mlp", "PatchEmbed", "Rotary",
     "TransformerBlock", "apply_rotary", "resample_positions", "sinusoidal_1d", "sinusoidal_2d",
 ]

@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmtx.nn.linear import Linear
 from mmtx.nn.rotary import apply_rotary
 
 
@@ -106,12 +105,10 @@ def sdpa(
     """``F.scaled_dot_product_attention``; on the CPU, bf16/fp16 attention that will be
     back-propagated through is computed in fp32.
 
-    PyTorch's CPU attention kernels are fast in bf16 going forward but slow going backward.
-    Measured forward + backward (torch 2.14, a 2-core AMX Xeon, 16 x 6 heads of 64 dims), bf16
-    takes 1.15x the fp32 time for 197-token ViT self-attention, 1.6x for 31 x 197 cross-attention
-    and 3x for 31-token causal self-attention, even after paying for the casts; forward-only
-    attention (inference, generation) is as fast or faster in bf16 and stays so. The upcast only
-    adds precision; the result has the inputs' dtype.
+    PyTorch's CPU attention kernels are fast in bf16 going forward but slow going backward, so
+    a bf16 training step of the small CPU models is faster with its attention in fp32 (README,
+    "Performance", has the figures and the command); forward-only attention (inference,
+    generation) stays in bf16. The upcast only adds precision; the result has the inputs' dtype.
     """
     if (
         q.device.type == "cpu"
@@ -175,11 +172,11 @@ class Attention(nn.Module):
         self.head_dim = dim // num_heads
         self.is_cross = context_dim is not None
         if self.is_cross:
-            self.q = Linear(dim, dim, bias=qkv_bias)
-            self.kv = Linear(context_dim, 2 * dim, bias=qkv_bias)
+            self.q = nn.Linear(dim, dim, bias=qkv_bias)
+            self.kv = nn.Linear(context_dim, 2 * dim, bias=qkv_bias)
         else:
-            self.qkv = Linear(dim, 3 * dim, bias=qkv_bias)
-        self.proj = Linear(dim, dim)
+            self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
         self.attn_dropout = attn_dropout
         self.proj_dropout = nn.Dropout(proj_dropout)
 

@@ -8,7 +8,6 @@ from typing import Callable
 from torch import Tensor, nn
 
 from mmtx.nn.attention import Attention, KVCache
-from mmtx.nn.linear import Linear
 
 # MLP activations by name: GELU (erf, as in ViT and BERT), its tanh approximation (GPT-2's
 # "gelu_new"), ReLU
@@ -31,9 +30,9 @@ class Mlp(nn.Module):
 
     def __init__(self, dim: int, hidden_dim: int, dropout: float = 0.0, activation: str = "gelu") -> None:
         super().__init__()
-        self.fc1 = Linear(dim, hidden_dim)
+        self.fc1 = nn.Linear(dim, hidden_dim)
         self.act = activation_layer(activation)
-        self.fc2 = Linear(hidden_dim, dim)
+        self.fc2 = nn.Linear(hidden_dim, dim)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
