@@ -13,6 +13,7 @@ import torch
 
 from mmtx.checkpoint import DATA_KEY, TASK_KEY
 from mmtx.generation import GenerationConfig
+from mmtx.tasks.optim import build_optimizer
 
 
 class Task(L.LightningModule):
@@ -46,6 +47,22 @@ class Task(L.LightningModule):
     def baseline(self, datamodule: L.LightningDataModule) -> tuple[str, dict[str, float]]:
         """What the metrics would be without learning: a name and the same metric keys."""
         raise NotImplementedError
+
+    def configure_optimizers(self) -> dict:
+        """AdamW and the warm-up/cosine schedule over the run's budget (:mod:`mmtx.tasks.optim`),
+        from the settings every task takes: ``lr``, ``weight_decay``, ``betas``, ``warmup_ratio``,
+        ``min_lr_ratio``."""
+        h = self.hparams
+        return build_optimizer(
+            self.model, self.trainer, lr=h.lr, weight_decay=h.weight_decay, betas=h.betas,
+            warmup_ratio=h.warmup_ratio, min_lr_ratio=h.min_lr_ratio,
+        )
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Log the step's learning rate as ``train/lr``. (Lightning's ``LearningRateMonitor``
+        refuses to run without a logger, as with ``logger=none``, and names one key per
+        parameter group.)"""
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=len(batch["images"]))
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[TASK_KEY] = f"{type(self).__module__}.{type(self).__qualname__}"

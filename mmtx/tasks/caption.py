@@ -16,7 +16,6 @@ from mmtx.metrics.caption import caption_metrics, constant_baseline
 from mmtx.models.captioner import ImageCaptioner
 from mmtx.tasks.base import Task
 from mmtx.tasks.gather import gather_unique
-from mmtx.tasks.optim import build_optimizer
 
 
 class CaptionTask(Task):
@@ -79,15 +78,8 @@ class CaptionTask(Task):
             tokens = (batch["input_ids"][:, 1:] != pad_id).sum()
             loss = loss * tokens / self.mean_over_processes(tokens)
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["images"].shape[0], sync_dist=True)
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=batch["images"].shape[0])
         return loss
 
-    def configure_optimizers(self) -> dict:
-        h = self.hparams
-        return build_optimizer(
-            self.model, self.trainer, lr=h.lr, weight_decay=h.weight_decay, betas=h.betas,
-            warmup_ratio=h.warmup_ratio, min_lr_ratio=h.min_lr_ratio,
-        )
 
     # --- captions ------------------------------------------------------------------------------
     def caption(self, images: torch.Tensor, config: GenerationConfig | None = None) -> list[str]:

@@ -16,7 +16,7 @@ from mmtx.models.pretraining import Objectives, TwoStreamPretrainer
 from mmtx.models.two_stream import Unimodal
 from mmtx.tasks.base import Task
 from mmtx.tasks.gather import gather_unique
-from mmtx.tasks.optim import budget_progress, build_optimizer
+from mmtx.tasks.optim import budget_progress
 
 
 class PretrainTask(Task):
@@ -72,15 +72,8 @@ class PretrainTask(Task):
             batch["images"], batch["input_ids"], batch["attention_mask"], batch["image_ids"], objectives
         )
         self._log_losses(out, "train", batch["images"].shape[0])
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=batch["images"].shape[0])
         return out["loss"]
 
-    def configure_optimizers(self) -> dict:
-        h = self.hparams
-        return build_optimizer(
-            self.model, self.trainer, lr=h.lr, weight_decay=h.weight_decay, betas=h.betas, warmup_ratio=h.warmup_ratio,
-            min_lr_ratio=h.min_lr_ratio,
-        )
 
     # --- validation ----------------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:

@@ -14,7 +14,6 @@ from mmtx.generation import GenerationConfig, generate
 from mmtx.metrics.vqa import build_answer_vocab, normalize_answer, soft_scores, vqa_accuracy
 from mmtx.tasks.base import Task
 from mmtx.tasks.gather import gather_unique
-from mmtx.tasks.optim import build_optimizer
 
 
 def soft_targets(answers: list[list[str]], answer_index: dict[str, int]) -> torch.Tensor:
@@ -70,15 +69,8 @@ class AnswerTask(Task):
         loss = self.loss(batch)
         B = batch["images"].shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=B)
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=B)
         return loss
 
-    def configure_optimizers(self) -> dict:
-        h = self.hparams
-        return build_optimizer(
-            self.model, self.trainer, lr=h.lr, weight_decay=h.weight_decay, betas=h.betas, warmup_ratio=h.warmup_ratio,
-            min_lr_ratio=h.min_lr_ratio,
-        )
 
     # --- validation ----------------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
