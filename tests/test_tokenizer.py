@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,6 +55,24 @@ def test_train_rejects_unknown_kind_and_too_small_bpe_vocab() -> None:
         Tokenizer.train(CAPTIONS, kind="unigram")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="vocab_size >= 263"):
         Tokenizer.train(CAPTIONS, vocab_size=100, kind="bpe")
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe"])
+def test_every_process_learns_the_same_vocabulary(kind: str) -> None:
+    """Learned in three separate processes (each hashes differently), the vocabulary is the same:
+    runs of one seed, and the processes of a distributed run, agree. The texts tie many merges
+    (the pairs inside a word are equally frequent)."""
+    script = f"""
+import random, sys
+from mmtx.data.tokenizer import Tokenizer
+rng = random.Random(0)
+words = "red blue green circle square triangle left right above below isn't café".split()
+texts = [" ".join(rng.choice(words) for _ in range(6)) for _ in range(300)]
+sys.stdout.write(Tokenizer.train(texts, vocab_size={120 if kind == "wordpiece" else 300}, kind={kind!r}).to_str())
+"""
+    learned = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+               for _ in range(3)}  # fmt: skip
+    assert len(learned) == 1
 
 
 def test_min_frequency_drops_rare_merges() -> None:

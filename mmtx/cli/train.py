@@ -10,7 +10,6 @@ from pathlib import Path
 import hydra
 import lightning as L
 from hydra.utils import get_class, instantiate
-from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig
 
@@ -49,7 +48,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         tokenizer = Tokenizer.from_str(saved["tokenizer"])
         data_arguments = {k: saved[k] for k in task_cls.data_arguments}
     else:
-        tokenizer = shared_tokenizer(cfg, datamodule, out / "tokenizer.json")
+        tokenizer = starting_tokenizer(cfg, datamodule)  # learned alike in every process
         data_arguments = task_cls.from_data(datamodule, **to_container(cfg.task))
     if int(os.environ.get("LOCAL_RANK", 0)) == 0:  # one writer per machine
         tokenizer.save(out / "tokenizer.json")
@@ -95,29 +94,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
         wandb.finish()
     return metrics
-
-
-def shared_tokenizer(cfg: DictConfig, datamodule: L.LightningDataModule, path: Path) -> Tokenizer:
-    """The new run's tokenizer, the same in every process of a distributed run.
-
-    The ``tokenizers`` library breaks ties between equally frequent WordPiece merges in hash-map
-    order, so two processes can learn different vocabularies from the same text (byte-level BPE
-    is learned identically). Processes that Lightning's DDP launcher starts read the one the
-    first process wrote to ``path`` before starting them; launchers that start every process
-    at once (torchrun, SLURM, several nodes) need a tokenizer given or learned deterministically.
-    """
-    local_rank, node_rank = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("NODE_RANK", 0))
-    if local_rank > 0 and node_rank == 0 and not TorchElasticEnvironment.detect() and not SLURMEnvironment.detect():
-        return Tokenizer.from_file(path)  # written by the process that started this one
-    together = TorchElasticEnvironment.detect() or SLURMEnvironment.detect() or node_rank > 0
-    if together and int(os.environ.get("WORLD_SIZE", 1)) > 1 and not cfg.tokenizer.path \
-            and cfg.tokenizer.kind == "wordpiece" and not cfg.init_from:
-        raise ConfigError(
-            "tokenizer: a WordPiece vocabulary learned in each process can differ between them; give "
-            "every process the same one with tokenizer.path=FILE (e.g. the tokenizer.json of a short "
-            "single-process run) or learn byte-level BPE, which is deterministic: tokenizer.kind=bpe"
-        )
-    return starting_tokenizer(cfg, datamodule)
 
 
 def starting_tokenizer(cfg: DictConfig, datamodule: L.LightningDataModule) -> Tokenizer:

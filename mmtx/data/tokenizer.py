@@ -122,15 +122,24 @@ class Tokenizer:
         normalisation (plus lowercasing when asked) and no unknown tokens, so
         ``decode(encode(x)) == normalize(x)`` exactly.
         """
+        continuing: list[str] = []
         if kind == "wordpiece":
             backend = tokenizers.Tokenizer(models.WordPiece(unk_token=UNK))
             backend.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
             backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
             backend.decoder = decoders.WordPiece()
+            # The trainer gives each continuing character ("##e") its id in hash-map order, and
+            # ties between equally frequent merges go by id, so two runs (or two processes) could
+            # learn different vocabularies from the same text. Listed after the special tokens,
+            # they get fixed ids in sorted order, and the whole vocabulary is learned the same
+            # every time; they are ordinary tokens again below.
+            texts = list(texts)
+            characters = {c for text in texts for c in backend.normalizer.normalize_str(text) if not c.isspace()}
+            continuing = [f"##{c}" for c in sorted(characters)]
             trainer: trainers.Trainer = trainers.WordPieceTrainer(
                 vocab_size=vocab_size,
                 min_frequency=min_frequency,
-                special_tokens=list(SPECIAL_TOKENS),
+                special_tokens=[*SPECIAL_TOKENS, *continuing],
                 show_progress=False,
             )
         elif kind == "bpe":
@@ -159,6 +168,11 @@ class Tokenizer:
         else:
             raise ValueError(f"kind must be 'wordpiece' or 'bpe', got {kind!r}")
         backend.train_from_iterator(texts, trainer=trainer)
+        if continuing:  # the continuing characters were special only to fix their ids
+            saved = json.loads(backend.to_str())
+            ordinary = set(continuing)
+            saved["added_tokens"] = [t for t in saved["added_tokens"] if t["content"] not in ordinary]
+            backend = tokenizers.Tokenizer.from_str(json.dumps(saved))
         return cls(backend)
 
     @classmethod
