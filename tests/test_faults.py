@@ -221,6 +221,23 @@ def test_killed_run_resumed_from_last_ckpt_ends_bit_identical(cli, tiny: list[st
 
 
 @pytest.mark.slow
+def test_resume_with_loader_workers_and_bf16_autocast_is_exact(cli, tiny: list[str], tmp_path: Path, repo_on_path) -> None:
+    """The same as the SIGTERM case with two loader workers (random crops drawn in the workers)
+    and bf16 autocast: resumed, the run ends where the uninterrupted one does, bit for bit."""
+    settings = ("data.num_workers=2", "trainer.precision=bf16-mixed")
+    _train(cli, tiny, tmp_path / "whole", *settings)
+    stopped = _train(
+        cli, tiny, tmp_path / "stopped", *settings, "+callbacks.fault._target_=tests.helpers.SignalAtStep",
+        "+callbacks.fault.step=4", "+callbacks.fault.signal=SIGTERM", check=False,
+    )
+    last = tmp_path / "stopped" / "checkpoints" / "last.ckpt"
+    assert stopped.returncode == 128 + signal.SIGTERM, cli.describe(stopped)
+    _train(cli, tiny, tmp_path / "stopped", *settings, f"ckpt_path={last}")
+    _assert_same_state(tmp_path / "whole" / "checkpoints" / "last.ckpt", last)
+    assert read_checkpoint(last)["state_dict"]["model.encoder.cls_token"].dtype == torch.float32  # autocast, fp32 weights
+
+
+@pytest.mark.slow
 def test_sigterm_saves_and_exits_then_resumes_exactly(cli, tiny: list[str], tmp_path: Path, repo_on_path) -> None:
     _train(cli, tiny, tmp_path / "whole")
     stopped = _train(
