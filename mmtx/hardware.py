@@ -21,6 +21,17 @@ def cpu_precision() -> str:
     return "bf16-mixed" if cpu_has_native_bf16() else "32-true"
 
 
+def training_precision(accelerator: str) -> str:
+    """Lightning's ``precision`` for an accelerator: bf16 autocast on GPUs, :func:`cpu_precision`
+    on the CPU (``auto``: whichever Lightning will pick), fp32 elsewhere. One rule for every
+    trainer preset, so that ``trainer=ddp trainer.accelerator=cpu`` computes as ``trainer=cpu``."""
+    if accelerator == "auto":
+        accelerator = "gpu" if torch.cuda.is_available() else "cpu"
+    if accelerator in ("gpu", "cuda"):
+        return "bf16-mixed"
+    return cpu_precision() if accelerator == "cpu" else "32-true"
+
+
 def loader_workers(most: int = 4) -> int:
     """Data-loader worker processes for this machine: up to ``most``, leaving one core to the
     training process (0 on a single core: load in the main process)."""

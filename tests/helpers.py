@@ -78,3 +78,24 @@ class SignalAtStep(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
         if trainer.global_step == self.step and trainer.is_global_zero:
             os.kill(os.getpid(), self.signal)
+
+
+class RecordProductDtypes(L.Callback):
+    """Writes to ``path`` the dtypes the model's linear layers produced in training steps (one per
+    line): ``torch.bfloat16`` where bf16 autocast really ran."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.dtypes = path, set()
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        def record(module: torch.nn.Module, args: tuple, out: torch.Tensor) -> None:
+            if module.training:
+                self.dtypes.add(str(out.dtype))
+
+        for module in pl_module.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.register_forward_hook(record)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        with open(self.path, "w") as f:
+            f.write("\n".join(sorted(self.dtypes)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -25,10 +26,9 @@ def runs(cli, tiny: list[str], tmp_path_factory: pytest.TempPathFactory) -> dict
         f"trainer.max_steps={STEPS}", "trainer.limit_val_batches=1", "data.crop_scale=[0.5,1.0]",
         "model.decoder.dropout=0",  # dropout masks are drawn per process: not comparable
     ]
-    # the data set is drawn before the two runs start, so they don't both write it; both use its
-    # tokenizer (each learning its own could break ties between merges differently)
+    # the data set is drawn before the two runs start, so they don't both write it; each run, and
+    # each of the two processes, learns its own vocabulary: the same one
     cli.run("mmtx-train", *common, f"hydra.run.dir={root / 'warmup'}", "trainer.max_steps=1", cwd=root)
-    common.append(f"tokenizer.path={root / 'warmup' / 'tokenizer.json'}")
     dirs = {"one": root / "one", "two": root / "two"}
     cli.run_many(
         ("mmtx-train", *common, f"hydra.run.dir={dirs['one']}", "data.batch_size=16"),
@@ -60,12 +60,15 @@ def test_distributed_eval_equals_single_process_eval(cli, runs: dict[str, Path],
     the same captions and the same metrics as one process."""
     ckpt = runs["one"] / "checkpoints" / "last.ckpt"
     results = {}
-    for name, extra in (("one", []), ("two", ["trainer=ddp_cpu"])):
+    # the second as the issue ran it: the GPU's DDP preset moved to the CPU computes as trainer=cpu
+    for name, extra in (("one", []), ("two", ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"])):
         out = tmp_path / name
-        cli.run(
+        run = cli.run(
             "mmtx-eval", f"ckpt={ckpt}", f"output={out}/metrics.json", f"predictions={out}/predictions.json",
             *extra, cwd=tmp_path,
         )
+        members = re.findall(r"MEMBER: (\d+)/(\d+)", run.stdout + run.stderr)  # Lightning's line per process
+        assert sorted(members) == ([] if name == "one" else [("1", "2"), ("2", "2")]), members
         results[name] = (json.loads((out / "metrics.json").read_text()), json.loads((out / "predictions.json").read_text()))
     (m1, p1), (m2, p2) = results["one"], results["two"]
     assert len(p1) == 21 and sorted(p["image_id"] for p in p2) == sorted(p["image_id"] for p in p1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 from hydra.utils import instantiate
 from lightning.pytorch.strategies import FSDPStrategy
 
+from mmtx.checkpoint import read_checkpoint
 from mmtx.compile import compile_blocks
 from mmtx.generation import GenerationConfig, generate
 from mmtx.nn.blocks import TransformerBlock
@@ -38,9 +40,15 @@ def test_cpu_preset_trains_in_bf16_only_where_the_cpu_has_it(monkeypatch: pytest
         monkeypatch.setattr(mmtx.hardware.torch.cpu, "_is_amx_tile_supported", lambda: native)
         cfg = compose_train([])
         assert cfg.trainer.precision == expected
+        # a GPU preset run on the CPU computes as the CPU preset does (issue 19: trainer=ddp
+        # trainer.accelerator=cpu evaluated in bf16 where trainer=cpu used fp32)
+        for preset in (["trainer=ddp", "trainer.accelerator=cpu"], ["trainer=gpu", "trainer.accelerator=cpu"],
+                       ["trainer=ddp_cpu"], ["trainer=fsdp", "trainer.accelerator=cpu"]):  # fmt: skip
+            assert compose_train(preset).trainer.precision == expected, preset
     assert cfg.trainer.max_time and cfg.trainer.max_epochs == -1
     gpu = compose_train(["trainer=gpu"]).trainer
     assert gpu.precision == "bf16-mixed" and gpu.max_time is None and gpu.max_epochs > 0
+    assert compose_train(["trainer=ddp"]).trainer.precision == "bf16-mixed"
 
 
 def test_every_trainer_preset_carries_the_same_keys() -> None:
@@ -49,12 +57,17 @@ def test_every_trainer_preset_carries_the_same_keys() -> None:
 
 
 def test_bf16_mixed_precision_trains_on_the_cpu(tiny: list[str], tmp_path: Path) -> None:
+    dtypes = tmp_path / "dtypes.txt"
     metrics = train_in_process([
         *tiny, "debug=fast", "trainer.precision=bf16-mixed", f"paths.output_dir={tmp_path}",
-        "trainer.max_steps=4",
+        "trainer.max_steps=4", "+callbacks.dtypes._target_=tests.helpers.RecordProductDtypes",
+        f"+callbacks.dtypes.path={dtypes}",
     ])
-    assert metrics and all(v == v for v in metrics.values())  # validated, no NaN
-    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+    assert dtypes.read_text().split() == ["torch.bfloat16"]  # every training product ran in bf16
+    assert metrics and all(math.isfinite(v) for v in metrics.values())  # validated, no NaN
+    last = read_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert last["global_step"] == 4
+    assert {t.dtype for t in last["state_dict"].values() if t.is_floating_point()} == {torch.float32}  # fp32 weights
 
 
 @pytest.mark.slow

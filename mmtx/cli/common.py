@@ -24,7 +24,7 @@ from mmtx.data.images import ImageLoadError
 from mmtx.data.tokenizer import Tokenizer, TokenizerError
 from mmtx.export import ExportError
 from mmtx.generation import GenerationConfig
-from mmtx.hardware import cpu_precision, loader_workers
+from mmtx.hardware import loader_workers, training_precision
 
 log = logging.getLogger("mmtx")
 
@@ -32,8 +32,9 @@ log = logging.getLogger("mmtx")
 _PACKAGED, _SOURCE = (Path(__file__).resolve().parents[n] / "conf" for n in (1, 2))
 CONFIG_DIR = str(_PACKAGED if _PACKAGED.is_dir() else _SOURCE)
 
-# ${mmtx.cpu_precision:} in trainer presets: bf16 autocast where the CPU has it natively, else fp32
-OmegaConf.register_new_resolver("mmtx.cpu_precision", cpu_precision, replace=True)
+# ${mmtx.precision:${.accelerator}} in trainer presets: bf16 autocast on GPUs and where the CPU has
+# it natively, else fp32
+OmegaConf.register_new_resolver("mmtx.precision", training_precision, replace=True)
 # ${mmtx.loader_workers:4} in data configs: up to 4 loader workers, one core left to training
 OmegaConf.register_new_resolver("mmtx.loader_workers", loader_workers, replace=True)
 
