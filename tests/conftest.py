@@ -90,9 +90,12 @@ class CLI:
         for proc in procs:
             try:
                 out, err = proc.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            except subprocess.TimeoutExpired:  # a hang fails as one, never as an exit code a test expects
+                for other in procs:
+                    other.kill()
                 out, err = proc.communicate()
+                hung = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+                pytest.fail(f"timed out after {timeout:.0f} s (killed)\n{self.describe(hung)}")
             results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
         if check:
             for result in results:

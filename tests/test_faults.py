@@ -200,7 +200,7 @@ def _assert_same_state(a: Path, b: Path) -> None:
     assert x["state_dict"].keys() == y["state_dict"].keys()
     different = [k for k in x["state_dict"] if not torch.equal(x["state_dict"][k], y["state_dict"][k])]
     assert not different, f"weights differ from the uninterrupted run: {different[:5]}"
-    for p, q in zip(x["optimizer_states"][0]["state"].values(), y["optimizer_states"][0]["state"].values()):
+    for p, q in zip(x["optimizer_states"][0]["state"].values(), y["optimizer_states"][0]["state"].values(), strict=True):
         assert all(torch.equal(p[k], q[k]) for k in p)
 
 
