@@ -10,7 +10,7 @@ import torch
 
 from mmtx.checkpoint import load_task, read_checkpoint
 from mmtx.data.vqa import read_vqa
-from mmtx.metrics.vqa import soft_scores
+from mmtx.metrics.vqa import soft_scores, vqa_accuracy
 from mmtx.tasks.vqa import soft_targets
 from tests.helpers import TINY_TWO_STREAM, train_in_process
 
@@ -101,6 +101,34 @@ def test_mmtx_vqa_answers_one_image_and_a_file(cli, runs, tmp_path: Path):
     wrong = cli.run("mmtx-vqa", f"ckpt={runs['pretrain'] / 'checkpoints' / 'last.ckpt'}", f"image={image}",
                     "question=what?", cwd=tmp_path, check=False)
     assert wrong.returncode != 0 and "not a VQA one" in wrong.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", ["vqa", "pretrain"])
+def test_eval_on_two_processes_equals_one_and_the_official_recomputation(cli, runs, tmp_path: Path, run: str):
+    """VQA accuracy and pretraining alignment/retrieval are the same with 1 and 2 processes (16
+    validation images: a question count that does not split evenly is padded and deduplicated);
+    VQA's figures are what the official accuracy gives for the predictions file."""
+    ckpt = runs[run] / "checkpoints" / "last.ckpt"
+    results = {}
+    for name, extra in (("one", []), ("two", ["trainer=ddp_cpu"])):
+        out = tmp_path / name
+        job = cli.run("mmtx-eval", f"ckpt={ckpt}", f"output={out}/metrics.json", f"predictions={out}/predictions.json",
+                      "trainer.precision=32-true", *extra, cwd=tmp_path)  # fmt: skip
+        assert ("MEMBER: 2/2" in job.stdout + job.stderr) == (name == "two")
+        predictions = out / "predictions.json"  # none for pretraining: retrieval has no official results file
+        results[name] = (json.loads((out / "metrics.json").read_text()),
+                         json.loads(predictions.read_text()) if run == "vqa" else None)  # fmt: skip
+    (m1, p1), (m2, p2) = results["one"], results["two"]
+    assert m1 == m2 and m1
+    if run == "vqa":
+        assert sorted(p1, key=lambda p: p["question_id"]) == sorted(p2, key=lambda p: p["question_id"])
+        data_root = next((runs["vqa"].parent / "data").glob("shapes-vqa-*"))
+        records = read_vqa(data_root / "questions_val.json", data_root / "annotations_val.json", data_root / "val")
+        assert sorted(p["question_id"] for p in p1) == [r.question_id for r in records]
+        truth = {r.question_id: {"answers": list(r.answers), "answer_type": r.answer_type} for r in records}
+        recomputed = vqa_accuracy({p["question_id"]: p["answer"] for p in p1}, truth)
+        assert recomputed == pytest.approx({k: m1[k] for k in recomputed}, abs=1e-6)
 
 
 def tiny_generator():
