@@ -72,12 +72,24 @@ class SignalAtStep(L.Callback):
     SIGTERM is a scheduler's preemption notice.
     """
 
-    def __init__(self, step: int, signal: str = "SIGKILL") -> None:
-        self.step, self.signal = step, getattr(signal_module, signal)
+    def __init__(self, step: int, signal: str = "SIGKILL", rank: int = 0) -> None:
+        self.step, self.signal, self.rank = step, getattr(signal_module, signal), rank
 
     def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
-        if trainer.global_step == self.step and trainer.is_global_zero:
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
             os.kill(os.getpid(), self.signal)
+
+
+class NanImagesAtStep(L.Callback):
+    """Test-only: at optimizer step ``step``, the images of process ``rank``'s batch become NaN, so
+    that one process alone sees a non-finite loss."""
+
+    def __init__(self, step: int, rank: int = 0) -> None:
+        self.step, self.rank = step, rank
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: dict, *args) -> None:
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            batch["images"].fill_(float("nan"))
 
 
 class RecordProductDtypes(L.Callback):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ import torch
 
 from mmtx.checkpoint import read_checkpoint
 from tests.test_cli import csv_rows, logged
+
+REPO = Path(__file__).resolve().parents[1]
 
 # 21 validation images: not divisible by 2 processes (or by the evaluation batch of 4)
 DATA = ["data.num_train=40", "data.num_val=21", "data.eval_batch_size=4"]
@@ -74,3 +77,46 @@ def test_distributed_eval_equals_single_process_eval(cli, runs: dict[str, Path],
     assert len(p1) == 21 and sorted(p["image_id"] for p in p2) == sorted(p["image_id"] for p in p1)
     assert sorted(p1, key=lambda p: p["image_id"]) == sorted(p2, key=lambda p: p["image_id"])
     assert m1 == m2
+
+
+@pytest.fixture()
+def repo_on_path(monkeypatch):
+    """Subprocesses can import ``tests.helpers`` (for the test-only fault callbacks)."""
+    import os
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+
+
+def _ddp_run(cli, tiny: list[str], run_dir: Path, *extra: str, check: bool = True):
+    return cli.run(
+        "mmtx-train", *tiny, *DATA, f"paths.data_dir={run_dir.parent / 'data'}", "trainer=ddp_cpu", "logger=csv",
+        "trainer.log_every_n_steps=1", f"trainer.max_steps={STEPS}", "trainer.limit_val_batches=1",
+        "data.batch_size=8", f"hydra.run.dir={run_dir}", *extra, cwd=run_dir.parent, check=check,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_process_stops_both_and_saves(cli, tiny: list[str], tmp_path: Path, repo_on_path) -> None:
+    """SIGTERM to the second process only (at the end of step 3): both agree to stop after the
+    step in flight, last.ckpt holds it, and the run exits as a preempted one."""
+    stopped = _ddp_run(cli, tiny, tmp_path / "run", "+callbacks.fault._target_=tests.helpers.SignalAtStep",
+                       "+callbacks.fault.step=3", "+callbacks.fault.signal=SIGTERM", "+callbacks.fault.rank=1",
+                       check=False)  # fmt: skip
+    assert stopped.returncode == 128 + signal.SIGTERM, cli.describe(stopped)
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert f"stopped by SIGTERM at step 4; saved {last}" in stopped.stderr  # the step in flight at the notice
+    assert read_checkpoint(last)["global_step"] == 4
+
+
+@pytest.mark.slow
+def test_a_nonfinite_loss_in_one_process_is_skipped_by_both(cli, tiny: list[str], tmp_path: Path, repo_on_path) -> None:
+    """A NaN loss on the second process only, with callbacks.nonfinite_loss.action=skip: both drop
+    that update (or DDP's averaged gradient would make every weight NaN), training goes on, and
+    train/skipped_steps is logged."""
+    _ddp_run(cli, tiny, tmp_path / "run", "callbacks.nonfinite_loss.action=skip",
+             "+callbacks.nan._target_=tests.helpers.NanImagesAtStep", "+callbacks.nan.step=2", "+callbacks.nan.rank=1")
+    last = read_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    assert last["global_step"] == STEPS
+    assert all(torch.isfinite(w).all() for w in last["state_dict"].values() if w.is_floating_point())
+    skipped = logged(csv_rows(tmp_path / "run"), "train/skipped_steps")
+    assert skipped[0] == (2, 1.0) and {v for _, v in skipped} == {1.0}, skipped  # skipped so far: one, at step 2
