@@ -8,6 +8,7 @@ tests start the installed console scripts in subprocesses, as a user would.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -22,9 +23,11 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from PIL import Image
 
-from mmtx.checkpoint import DATA_KEY, read_checkpoint
+from mmtx.checkpoint import DATA_KEY, load_task, read_checkpoint
 from mmtx.data.captions import read_coco_captions
+from mmtx.data.images import load_image
 from mmtx.data.tokenizer import Tokenizer
+from mmtx.data.transforms import build_transforms
 from mmtx.metrics.caption import caption_metrics
 from tests.helpers import compose_train, train_in_process
 
@@ -469,11 +472,22 @@ def test_mmtx_caption_prints_one_caption_per_image(cli, trained: Run, val_record
         ("mmtx-caption", f"ckpt={trained.last}", listed, "generation.num_beams=3", "batch_size=2"),
         cwd=tmp_path,
     )
+    printed = []
     for result in (greedy, beam):
         lines = [line.split("\t") for line in result.stdout.splitlines() if "\t" in line]
         assert [path for path, _ in lines] == [str(p) for p in images], cli.describe(result)
         for _, caption in lines:
             assert caption.strip() and caption == " ".join(caption.split())  # words, single spaces
+        printed.append([caption for _, caption in lines])
+
+    # the command line's settings reach the decoder: the captions are what the checkpoint's model
+    # generates greedily and with 3 beams (tested in test_generation to find likelier captions)
+    task = load_task(trained.last).eval()
+    batch = torch.stack([build_transforms(task.model.encoder.image_size, train=False)(load_image(p)) for p in images])
+    with torch.no_grad():
+        expected = [task.caption(batch, dataclasses.replace(task.generation, num_beams=beams)) for beams in (1, 3)]
+    assert printed == expected
+    assert expected[0] != expected[1], expected  # on these images beam search finds other captions
 
 
 @pytest.mark.slow

@@ -250,3 +250,32 @@ def test_sigterm_saves_and_exits_then_resumes_exactly(cli, tiny: list[str], tmp_
     assert read_checkpoint(last)["global_step"] == 5  # the step in flight when the notice came
     _train(cli, tiny, tmp_path / "stopped", f"ckpt_path={last}")
     _assert_same_state(tmp_path / "whole" / "checkpoints" / "last.ckpt", last)
+
+
+def test_the_lightning_counter_mid_epoch_resume_reads_counts_batches_of_this_epoch() -> None:
+    """mmtx's data modules record where an epoch stands from a Lightning internal
+    (``fit_loop.epoch_loop.batch_progress.current.ready``, read in ``mmtx/data/base.py``); this fast
+    test fails if an upgrade renames it or stops resetting it at each epoch. 5 batches an epoch,
+    7 steps: the counter reads 1..5, then 1, 2."""
+    seen: list[int] = []
+
+    class Record(L.Callback):
+        def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+            seen.append(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
+
+    class Toy(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(10, 2)), batch_size=2)
+    trainer = L.Trainer(max_steps=7, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[Record()], accelerator="cpu")  # fmt: skip
+    trainer.fit(Toy(), data)
+    assert seen == [1, 2, 3, 4, 5, 1, 2]
