@@ -97,14 +97,13 @@ def task_from_checkpoint(ckpt: dict[str, Any], path: str | Path) -> L.LightningM
     cls = task_class(ckpt, path)
     hparams, state = _entry(ckpt, "hyper_parameters", path), _entry(ckpt, "state_dict", path)
     try:
-        task = cls(**hparams)
+        task = cls(**hparams, data_config=ckpt.get(DATA_KEY))
     except Exception as e:
         raise CheckpointError(f"{path}: cannot rebuild {cls.__name__} from its hyper_parameters: {e}") from e
     mismatched = _shape_mismatches(task.state_dict(), state)
     if mismatched:
         raise CheckpointError(f"{path} does not match {cls.__name__}:\n{listing(mismatched)}")
     task.load_state_dict(state)
-    task.data_config = ckpt.get(DATA_KEY)
     return task
 
 

@@ -177,9 +177,9 @@ def task_from_export(path: str | Path) -> Any:
         raise ExportError(f"{path / CONFIG}: written by {name}, which this mmtx does not have ({e})") from e
     tokenizer = Tokenizer.from_file(path / TOKENIZER)
     arguments = {key: config[key] for key in ("answers", "generation") if key in config}
-    task = cls(model=config["model"], tokenizer=tokenizer.to_str(), **arguments)
+    data_config = {"image_size": config["image_size"]} if "image_size" in config else None
+    task = cls(model=config["model"], tokenizer=tokenizer.to_str(), data_config=data_config, **arguments)
     load_weights(task.model, _weights(path), str(path / WEIGHTS))
-    task.data_config = {"image_size": config["image_size"]} if "image_size" in config else None
     return task.eval()
 
 

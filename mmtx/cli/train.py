@@ -57,9 +57,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     task = instantiate(
         cfg.task, model=to_container(cfg.model), tokenizer=tokenizer.to_str(), **data_arguments,
-        _recursive_=False, _convert_="all",
+        data_config=to_container(cfg.data), _recursive_=False, _convert_="all",
     )
-    task.data_config = to_container(cfg.data)
     if cfg.init_from:
         init_from(task, cfg.init_from, task.init_renames)
     if cfg.compile:

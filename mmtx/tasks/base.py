@@ -23,7 +23,6 @@ class Task(L.LightningModule):
     ``mmtx-caption`` evaluate or preprocess exactly as in training without being told again.
     """
 
-    data_config: dict | None = None
     # checkpoint name prefix -> this task's, for init_from (e.g. a pretrained vision stream);
     # read-only, so that no task can change another's
     init_renames: Mapping[str, str] = MappingProxyType({})
@@ -34,6 +33,10 @@ class Task(L.LightningModule):
     # constructor arguments that come from the training data (e.g. an answer vocabulary): made by
     # ``from_data`` for a new run, read back from the checkpoint when resuming
     data_arguments: tuple[str, ...] = ()
+
+    def __init__(self, data_config: dict | None = None) -> None:
+        super().__init__()
+        self.data_config = data_config
 
     @classmethod
     def from_data(cls, datamodule: L.LightningDataModule, **task_config: Any) -> dict[str, Any]:

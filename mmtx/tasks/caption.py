@@ -52,9 +52,11 @@ class CaptionTask(Task):
         label_smoothing: float = 0.1,
         generation: dict | None = None,
         num_samples: int = 16,
+        data_config: dict | None = None,
     ) -> None:
-        super().__init__()
-        self.save_hyperparameters(logger=False)  # loggers get the whole run config from mmtx-train
+        super().__init__(data_config)
+        # loggers get the whole run config from mmtx-train; the data config goes to DATA_KEY
+        self.save_hyperparameters(logger=False, ignore=["data_config"])
         self.tokenizer = Tokenizer.from_str(tokenizer)
         self.model: ImageCaptioner = instantiate(
             model, decoder={"vocab_size": self.tokenizer.vocab_size, "pad_id": self.tokenizer.pad_id}

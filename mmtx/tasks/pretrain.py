@@ -40,10 +40,10 @@ class PretrainTask(Task):
     def __init__(
         self, model: dict, tokenizer: str, objectives: dict | None = None, lr: float = 5e-4,
         weight_decay: float = 0.05, betas: tuple[float, float] = (0.9, 0.98), warmup_ratio: float = 0.05,
-        min_lr_ratio: float = 0.01, retrieval_images: int = 100, rerank: int = 16,
+        min_lr_ratio: float = 0.01, retrieval_images: int = 100, rerank: int = 16, data_config: dict | None = None,
     ) -> None:
-        super().__init__()
-        self.save_hyperparameters(logger=False)
+        super().__init__(data_config)
+        self.save_hyperparameters(logger=False, ignore=["data_config"])
         self.tokenizer = tok = Tokenizer.from_str(tokenizer)
         self.model: TwoStreamPretrainer = instantiate(
             model, backbone={"text": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}},

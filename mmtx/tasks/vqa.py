@@ -44,9 +44,11 @@ class AnswerTask(Task):
     def __init__(
         self, model: dict, tokenizer: str, lr: float = 5e-4, weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.98), warmup_ratio: float = 0.05, min_lr_ratio: float = 0.01,
+        data_config: dict | None = None,
     ) -> None:
-        super().__init__()
-        self.save_hyperparameters(logger=False)  # the subclass's arguments too (Lightning walks the __init__s)
+        super().__init__(data_config)
+        # the subclass's arguments too (Lightning walks the __init__s); the data config goes to DATA_KEY
+        self.save_hyperparameters(logger=False, ignore=["data_config"])
         self.tokenizer = tok = Tokenizer.from_str(tokenizer)
         self.model = instantiate(model, **self.model_arguments(tok))
         self.val_outputs: list[dict[str, Any]] = []
