@@ -96,3 +96,14 @@ def test_compiled_blocks_match_eager_and_decoding_stays_eager() -> None:
 def test_gpu_presets_train(preset: list[str], tiny: list[str], tmp_path: Path) -> None:
     metrics = train_in_process([*tiny, "debug=fast", *preset, f"paths.output_dir={tmp_path}"])
     assert metrics and (tmp_path / "checkpoints" / "last.ckpt").is_file()
+
+
+@pytest.mark.parametrize("data", ["shapes", "shapes_vqa", "coco", "karpathy", "vqa"])
+def test_the_run_seed_reaches_the_data_module(data: str) -> None:
+    """``seed=`` orders and augments the training examples: every data config passes it on."""
+    assert compose_train(["seed=5", f"data={data}"]).data.shuffle_seed == 5
+
+
+def test_the_data_module_is_built_with_the_run_seed(tmp_path: Path) -> None:
+    cfg = compose_train(["seed=5", f"paths.data_dir={tmp_path}"])
+    assert instantiate(cfg.data).seed == 5

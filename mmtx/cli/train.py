@@ -40,7 +40,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
     out.mkdir(parents=True, exist_ok=True)
 
     datamodule = instantiate(cfg.data)
-    datamodule.seed = cfg.seed
     datamodule.prepare_data()
     task_cls = get_class(cfg.task._target_)
     if cfg.ckpt_path:  # resuming: the vocabularies are the ones the run started with

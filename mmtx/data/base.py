@@ -62,6 +62,8 @@ class ImageTextDataModule(L.LightningDataModule):
         in_memory: decode each split's images once, before training, and keep them in memory
             (`mmtx.data.memory`): ``true``, ``false``, or ``auto`` (when the resized images fit in
             ``MAX_MEMORY_BYTES``). Never for training with random crops.
+        shuffle_seed: the run's seed (the configs take ``seed``), from which each epoch's order
+            of training examples and their augmentation come.
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class ImageTextDataModule(L.LightningDataModule):
         on_bad_image: Policy = "error",
         on_bad_annotation: Policy | None = None,
         in_memory: bool | str = "auto",
+        shuffle_seed: int = 0,
     ) -> None:
         super().__init__()
         if in_memory not in (True, False, "auto"):
@@ -96,7 +99,7 @@ class ImageTextDataModule(L.LightningDataModule):
         self.report = BadDataReport()  # what was left out or cut; bad_data.txt in the run directory
         self._records: dict[str, list[Any]] = {}
         self._lengths_checked: set[str] = set()
-        self.seed = 0  # the run's seed (set by mmtx-train): shuffling and augmentation come from it
+        self.seed = shuffle_seed  # the run's seed: the order and augmentation of training examples
         self.val_split = "val"  # what validation reads (mmtx-eval split=test sets another)
         self._resume_at: tuple[int, int] | None = None  # (epoch, batches done) from a checkpoint
 
