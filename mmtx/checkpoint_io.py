@@ -15,6 +15,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     A rename within a directory is atomic, so a run killed while saving leaves the previous
     checkpoint intact. Remote paths (``s3://...``) go through Lightning's default writer.
+
+    Why not Lightning's own ``_atomic_save``: it serialises into memory, then writes through an
+    fsspec transaction, whose local files are staged in the system temporary directory and moved
+    over the target at commit, without an fsync. Where that directory is on another file system
+    than the run (a node's local ``/tmp`` beside a shared run directory), the move is a copy,
+    which a kill can leave half-written.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
