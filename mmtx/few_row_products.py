@@ -46,9 +46,8 @@ class few_row_products(TorchFunctionMode):  # noqa: N801 (used as a context mana
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
-        if func is F.linear:
-            x, weight = args[0], args[1] if len(args) > 1 else kwargs["weight"]
+        if func is F.linear:  # F.linear(input, weight, bias=None), positional or by name
+            x, weight, bias = (*args, *(kwargs.get(k) for k in ("input", "weight", "bias")[len(args):]))[:3]
             if pays(x, weight):
-                bias = args[2] if len(args) > 2 else kwargs.get("bias")
                 return linear_few_rows(x, weight, bias)
         return func(*args, **kwargs)

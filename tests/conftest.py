@@ -106,3 +106,10 @@ class CLI:
 @pytest.fixture(scope="session")
 def cli() -> CLI:
     return CLI()
+
+
+@pytest.fixture()
+def repo_on_path(monkeypatch):
+    """Subprocesses can import ``tests.helpers`` (for the test-only fault callbacks)."""
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])))

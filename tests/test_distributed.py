@@ -13,8 +13,6 @@ import torch
 from mmtx.checkpoint import read_checkpoint
 from tests.test_cli import csv_rows, logged
 
-REPO = Path(__file__).resolve().parents[1]
-
 # 21 validation images: not divisible by 2 processes (or by the evaluation batch of 4)
 DATA = ["data.num_train=40", "data.num_val=21", "data.eval_batch_size=4"]
 STEPS = 6
@@ -77,14 +75,6 @@ def test_distributed_eval_equals_single_process_eval(cli, runs: dict[str, Path],
     assert len(p1) == 21 and sorted(p["image_id"] for p in p2) == sorted(p["image_id"] for p in p1)
     assert sorted(p1, key=lambda p: p["image_id"]) == sorted(p2, key=lambda p: p["image_id"])
     assert m1 == m2
-
-
-@pytest.fixture()
-def repo_on_path(monkeypatch):
-    """Subprocesses can import ``tests.helpers`` (for the test-only fault callbacks)."""
-    import os
-
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
 
 
 def _ddp_run(cli, tiny: list[str], run_dir: Path, *extra: str, check: bool = True):

@@ -18,7 +18,6 @@ from mmtx.checkpoint import read_checkpoint
 from mmtx.checkpoint_io import AtomicCheckpointIO
 from mmtx.data.sampling import SeededDataset, ShardedBatchSampler
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------------------ data order
@@ -186,12 +185,6 @@ def _train(cli, tiny: list[str], run_dir: Path, *extra: str, check: bool = True)
         "trainer.limit_val_batches=1", "callbacks.step_checkpoint.every_n_train_steps=3", *extra,
         cwd=run_dir.parent, check=check,
     )
-
-
-@pytest.fixture()
-def repo_on_path(monkeypatch):
-    """Subprocesses can import ``tests.helpers`` (for the test-only fault callbacks)."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
 
 
 def _assert_same_state(a: Path, b: Path) -> None:

@@ -74,7 +74,6 @@ class PretrainTask(Task):
         self._log_losses(out, "train", batch["images"].shape[0])
         return out["loss"]
 
-
     # --- validation ----------------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
         self.val_outputs = []
