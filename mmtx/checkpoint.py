@@ -26,8 +26,11 @@ class CheckpointError(RuntimeError):
     """A checkpoint that is missing, unreadable, or not an mmtx checkpoint."""
 
 
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
+def read_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     """Load a checkpoint's plain contents without executing code from it (``weights_only=True``).
+
+    ``mmap=True`` maps the tensors' storage instead of reading it: what is never touched (say
+    the optimiser state of a checkpoint read for its settings) is never read from disk.
 
     Raises:
         CheckpointError: the file is missing, empty, truncated, not a PyTorch checkpoint, or
@@ -39,7 +42,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path}: the checkpoint file is empty")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # truncated zip, pickle with code, foreign format ...
         raise CheckpointError(_unreadable(path, e)) from e
     if not isinstance(ckpt, dict):
@@ -107,8 +110,9 @@ def task_from_checkpoint(ckpt: dict[str, Any], path: str | Path) -> L.LightningM
     return task
 
 
-def check_resume(path: str | Path, task_target: str, model: dict[str, Any]) -> None:
-    """Refuse to resume from ``path`` with a task or a model config its weights do not fit.
+def check_resume(ckpt: dict[str, Any], path: str | Path, task_target: str, model: dict[str, Any]) -> None:
+    """Refuse to resume from checkpoint ``ckpt`` (read from ``path``) with a task or a model
+    config its weights do not fit.
 
     The checkpoint's task class must be ``task_target``; the task is rebuilt with ``model`` on
     the meta device (no memory, no time) and its tensor names and shapes compared with the
@@ -116,7 +120,6 @@ def check_resume(path: str | Path, task_target: str, model: dict[str, Any]) -> N
     the tensors that do not fit, instead of Lightning's size-mismatch traceback. Other changed
     settings (say dropout) are allowed, and logged.
     """
-    ckpt = read_checkpoint(path)
     cls = task_class(ckpt, path)
     written = f"{cls.__module__}.{cls.__qualname__}"
     if written != task_target:
@@ -186,16 +189,16 @@ def _shown(value: Any) -> str:
 
 
 def init_from(
-    module: nn.Module, path: str | Path, renames: Mapping[str, str] | None = None
+    module: nn.Module, ckpt: dict[str, Any], path: str | Path, renames: Mapping[str, str] | None = None
 ) -> tuple[list[str], list[str]]:
-    """Copy into ``module`` every weight of checkpoint ``path`` whose name and shape match.
+    """Copy into ``module`` every weight of checkpoint ``ckpt`` (read from ``path``) whose name
+    and shape match.
 
     ``renames`` maps name prefixes of the checkpoint to this module's (e.g. a pretraining
     checkpoint's ``model.backbone.vision.`` to a captioner's ``model.encoder.``); names that no
     prefix matches are compared as they are. Returns (loaded, left as initialised) names.
     """
-    state = read_checkpoint(path)
-    state = state.get("state_dict", state)
+    state = ckpt.get("state_dict", ckpt)
     for old, new in (renames or {}).items():
         state = {new + k[len(old):] if k.startswith(old) else k: v for k, v in state.items()}
     own = module.state_dict()

@@ -6,8 +6,7 @@ raises them together as one `ConfigError`, e.g.::
 
     model.encoder.dim=30 is not divisible by model.encoder.num_heads=4 (allowed: a multiple of 4, e.g. 28 or 32)
 
-Resuming (``ckpt_path=``) is checked here too: the checkpoint must be an mmtx checkpoint of the
-same task whose weights fit the configured model (`mmtx.checkpoint.check_resume`).
+A resumed checkpoint is checked where ``mmtx-train`` reads it (`mmtx.checkpoint.check_resume`).
 Unknown group options (``data=nope``) never get here: Hydra refuses them, listing the options.
 """
 
@@ -24,7 +23,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from mmtx.checkpoint import check_resume, read_checkpoint
+from mmtx.checkpoint import read_checkpoint
 from mmtx.data.bad_data import POLICIES
 from mmtx.data.base import SPLITS
 from mmtx.generation import GenerationConfig
@@ -51,8 +50,6 @@ def check_train_config(cfg: DictConfig) -> None:
     if cfg.get("init_from") and not Path(cfg.init_from).is_file():
         problems.append(f"init_from={cfg.init_from}: no such checkpoint file")
     _raise(problems)
-    if cfg.get("ckpt_path"):
-        check_resume(cfg.ckpt_path, cfg.task._target_, OmegaConf.to_container(cfg.model, resolve=True))
 
 
 def check_eval_config(cfg: DictConfig) -> None:

@@ -73,10 +73,10 @@ def synthetic_coco(root: Path, count: int, seed: int = 0) -> tuple[Path, Path]:
     return annotations, images
 
 
-def make_datamodule(source: str, args: argparse.Namespace, workers: int) -> Any:
+def make_datamodule(source: str, args: argparse.Namespace, workers: int, tokenizer: Any = None) -> Any:
     from mmtx.data.datamodule import CocoCaptions, ShapesCaptions
 
-    common = dict(batch_size=args.batch_size, num_workers=workers, max_length=32)
+    common = dict(batch_size=args.batch_size, num_workers=workers, max_length=32, tokenizer=tokenizer)
     if source == "shapes":
         root = Path(args.root) / f"shapes-{args.shapes_size}px-{args.shapes_count}"
         return ShapesCaptions(
@@ -92,9 +92,8 @@ def make_datamodule(source: str, args: argparse.Namespace, workers: int) -> Any:
 
 
 def measure(source: str, args: argparse.Namespace, tokenizer: Any, workers: int) -> dict[str, float]:
-    dm = make_datamodule(source, args, workers)
+    dm = make_datamodule(source, args, workers, tokenizer)
     dm.prepare_data()
-    dm.tokenizer = tokenizer
     loader = dm.train_dataloader()
     batches = iter(loader)
     start = time.perf_counter()

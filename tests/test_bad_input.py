@@ -4,6 +4,7 @@ cut at ``max_length``, and checkpoints that are truncated, foreign or do not fit
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import pickle
@@ -365,10 +366,10 @@ def test_unknown_policy_is_refused_naming_the_key(key: str) -> None:
 
 
 def _loader_over_a_file_that_breaks_after_the_scan(tmp_path: Path, policy: str, workers: int):
-    module, data = _coco_module(tmp_path, on_bad_image="skip", num_workers=workers)
+    module, data = _coco_module(tmp_path, on_bad_image="skip", num_workers=workers,
+                                tokenizer=functools.partial(Tokenizer.train, vocab_size=60))
     module.records("train")  # the scan leaves the known bad files out
     module.on_bad_image = policy  # what happens to a file that breaks later
-    module.tokenizer = Tokenizer.train(module.texts("train"), vocab_size=60)
     broken = tmp_path / "coco" / "train" / "5.png"
     broken.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 40)  # corrupted after the pre-flight check
     return module, broken
@@ -399,8 +400,7 @@ def test_decode_failure_in_a_worker_reaches_the_main_process_as_image_load_error
 
 
 def test_captions_longer_than_max_length_are_cut_counted_and_reported(tmp_path: Path, caplog) -> None:
-    module, data = _coco_module(tmp_path, on_bad_image="skip")
-    module.tokenizer = Tokenizer.train(module.texts("train"), vocab_size=60)
+    module, data = _coco_module(tmp_path, on_bad_image="skip", tokenizer=functools.partial(Tokenizer.train, vocab_size=60))
     with caplog.at_level(logging.WARNING, logger="mmtx.data.base"):
         batch = next(iter(module.train_dataloader()))
     assert batch["input_ids"].shape[1] <= 12
@@ -491,7 +491,7 @@ def test_foreign_and_incomplete_checkpoints(tmp_path: Path, mmtx_checkpoint: Pat
 
 def test_resume_with_another_model_size_names_the_keys(mmtx_checkpoint: Path) -> None:
     with pytest.raises(CheckpointError) as info:
-        check_resume(mmtx_checkpoint, "mmtx.tasks.caption.CaptionTask", tiny_model_config("model.encoder.dim=64"))
+        check_resume(read_checkpoint(mmtx_checkpoint), mmtx_checkpoint, "mmtx.tasks.caption.CaptionTask", tiny_model_config("model.encoder.dim=64"))
     message = str(info.value)
     assert "model.encoder.dim: 32 in the checkpoint, 64 now" in message
     assert "model.decoder.context_dim: 32 in the checkpoint, 64 now" in message
@@ -500,11 +500,11 @@ def test_resume_with_another_model_size_names_the_keys(mmtx_checkpoint: Path) ->
     assert f"init_from={mmtx_checkpoint}" in message
 
     with pytest.raises(CheckpointError, match=r"model.encoder.depth: 1 in the checkpoint, 2 now[\s\S]*not in the checkpoint"):
-        check_resume(mmtx_checkpoint, "mmtx.tasks.caption.CaptionTask", tiny_model_config("model.encoder.depth=2"))
+        check_resume(read_checkpoint(mmtx_checkpoint), mmtx_checkpoint, "mmtx.tasks.caption.CaptionTask", tiny_model_config("model.encoder.depth=2"))
     with pytest.raises(CheckpointError, match="written by mmtx.tasks.caption.CaptionTask, but the config trains mmtx.tasks.vqa.VqaTask"):
-        check_resume(mmtx_checkpoint, "mmtx.tasks.vqa.VqaTask", tiny_model_config())
+        check_resume(read_checkpoint(mmtx_checkpoint), mmtx_checkpoint, "mmtx.tasks.vqa.VqaTask", tiny_model_config())
     # settings that leave every tensor's shape alone may change
-    check_resume(mmtx_checkpoint, "mmtx.tasks.caption.CaptionTask", tiny_model_config("model.decoder.dropout=0.3"))
+    check_resume(read_checkpoint(mmtx_checkpoint), mmtx_checkpoint, "mmtx.tasks.caption.CaptionTask", tiny_model_config("model.decoder.dropout=0.3"))
 
 
 # --- tokenizer files that load but could not work ---------------------------------------------

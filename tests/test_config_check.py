@@ -120,7 +120,8 @@ def test_resume_with_a_changed_model_fails_at_start_up(tmp_path: Path) -> None:
     assert not data_dir.exists()
     (tmp_path / "notes.ckpt").write_text("not a checkpoint")
     with pytest.raises(CheckpointError, match="is a text file, not a PyTorch checkpoint"):
-        check_train_config(_train_cfg(*tiny, f"ckpt_path={tmp_path / 'notes.ckpt'}"))
+        train_in_process([*tiny, f"ckpt_path={tmp_path / 'notes.ckpt'}", *overrides[1:]])
+    assert not data_dir.exists()
 
 
 @pytest.mark.parametrize(("group", "option"), [("data", "imagenet"), ("task", "segmentation"), ("model", "huge")])

@@ -1,4 +1,4 @@
-"""What the command-line apps share: the config directory, loggers, callbacks, tokenizers."""
+"""What the command-line apps share: the config directory, resolvers, errors, loggers, callbacks."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from mmtx.config_check import ConfigError
 from mmtx.data.bad_data import BadDataError
 from mmtx.data.captions import AnnotationError
 from mmtx.data.images import ImageLoadError
-from mmtx.data.tokenizer import Tokenizer, TokenizerError
+from mmtx.data.tokenizer import TokenizerError
 from mmtx.export import ExportError
 from mmtx.generation import GenerationConfig
 from mmtx.hardware import loader_workers, training_precision
@@ -102,15 +102,6 @@ def instantiate_dict(cfg: DictConfig | None) -> list[Any]:
     if not cfg:
         return []
     return [instantiate(node) for node in cfg.values() if isinstance(node, DictConfig) and "_target_" in node]
-
-
-def build_tokenizer(cfg: DictConfig, texts: list[str]) -> Tokenizer:
-    """Load ``cfg.path`` if given, else train a vocabulary on ``texts`` (the training captions)."""
-    if cfg.path:
-        return Tokenizer.from_file(cfg.path)
-    if not texts:
-        raise ConfigError("tokenizer: no training captions to learn a vocabulary from (set tokenizer.path)")
-    return Tokenizer.train(texts, vocab_size=cfg.vocab_size, kind=cfg.kind, min_frequency=cfg.min_frequency)
 
 
 def to_container(cfg: DictConfig) -> dict:

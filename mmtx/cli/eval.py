@@ -29,12 +29,10 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if task.generation is not None:  # tasks that write text: captioning, generative VQA
         task.generation = generation_override(task.generation, cfg.generation)
 
-    datamodule = instantiate(data_cfg)
+    datamodule = instantiate(data_cfg, tokenizer=task.tokenizer, val_split=cfg.split)
     datamodule.prepare_data()
-    datamodule.tokenizer = task.tokenizer
     if not datamodule.has_split(cfg.split):
         raise ConfigError(f"split={cfg.split}: the data config has no files for it (set data.{cfg.split}.*)")
-    datamodule.val_split = cfg.split
     trainer = make_trainer(cfg, loggers=[], callbacks=[])
     # the loader is made by the trainer's processes, each reading its share of the split
     trainer.validate(task, datamodule=datamodule, verbose=False)

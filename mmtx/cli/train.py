@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 import hydra
 import lightning as L
@@ -14,13 +16,12 @@ from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig
 
 from mmtx.callbacks import Preempted
-from mmtx.checkpoint import init_from, read_checkpoint
+from mmtx.checkpoint import check_resume, init_from, read_checkpoint
 from mmtx.compile import compile_blocks
 from mmtx.config_check import ConfigError, check_train_config
 from mmtx.cli.common import (
     CONFIG_DIR,
     absolute_data_paths,
-    build_tokenizer,
     friendly_errors,
     instantiate_dict,
     log,
@@ -39,27 +40,31 @@ def train(cfg: DictConfig) -> dict[str, float]:
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    datamodule = instantiate(cfg.data)
+    # each checkpoint is read once, here (a resumed one memory-mapped: its settings, not its state)
+    resumed = read_checkpoint(cfg.ckpt_path, mmap=True) if cfg.ckpt_path else None
+    if resumed:
+        check_resume(resumed, cfg.ckpt_path, cfg.task._target_, to_container(cfg.model))
+    start = read_checkpoint(cfg.init_from) if cfg.init_from else None
+    datamodule = instantiate(cfg.data, tokenizer=run_tokenizer(cfg, resumed, start))
     datamodule.prepare_data()
-    task_cls = get_class(cfg.task._target_)
-    if cfg.ckpt_path:  # resuming: the vocabularies are the ones the run started with
-        saved = read_checkpoint(cfg.ckpt_path)["hyper_parameters"]
-        tokenizer = Tokenizer.from_str(saved["tokenizer"])
-        data_arguments = {k: saved[k] for k in task_cls.data_arguments}
-    else:
-        tokenizer = starting_tokenizer(cfg, datamodule)  # learned alike in every process
-        data_arguments = task_cls.from_data(datamodule, **to_container(cfg.task))
+    datamodule.setup("fit")  # every split read and screened (and the tokenizer learned) before the model
+    tokenizer = datamodule.tokenizer
     if int(os.environ.get("LOCAL_RANK", 0)) == 0:  # one writer per machine
         tokenizer.save(out / "tokenizer.json")
-    datamodule.tokenizer = tokenizer
     log.info("tokenizer: %d tokens, saved to %s", tokenizer.vocab_size, out / "tokenizer.json")
 
+    task_cls = get_class(cfg.task._target_)
+    if resumed:  # the answer vocabulary (VQA) the run started with
+        data_arguments = {k: resumed["hyper_parameters"][k] for k in task_cls.data_arguments}
+    else:
+        data_arguments = task_cls.from_data(datamodule, **to_container(cfg.task))
     task = instantiate(
         cfg.task, model=to_container(cfg.model), tokenizer=tokenizer.to_str(), **data_arguments,
         data_config=to_container(cfg.data), _recursive_=False, _convert_="all",
     )
-    if cfg.init_from:
-        init_from(task, cfg.init_from, task.init_renames)
+    if start:
+        init_from(task, start, cfg.init_from, task.init_renames)
+    del resumed, start  # Lightning restores the resumed checkpoint itself, in fit
     if cfg.compile:
         log.info("torch.compile: %d transformer blocks", compile_blocks(task.model))
 
@@ -94,15 +99,21 @@ def train(cfg: DictConfig) -> dict[str, float]:
     return metrics
 
 
-def starting_tokenizer(cfg: DictConfig, datamodule: L.LightningDataModule) -> Tokenizer:
-    """``tokenizer.path`` if given; else the ``init_from`` checkpoint's (its embeddings index it);
-    else a vocabulary learned from the training text."""
-    if not cfg.tokenizer.path and cfg.init_from:
-        saved = read_checkpoint(cfg.init_from).get("hyper_parameters", {})
-        if "tokenizer" in saved:
-            log.info("tokenizer: the one of init_from=%s", cfg.init_from)
-            return Tokenizer.from_str(saved["tokenizer"])
-    return build_tokenizer(cfg.tokenizer, datamodule.texts("train"))
+def run_tokenizer(cfg: DictConfig, resumed: dict | None, start: dict | None) -> Tokenizer | Callable:
+    """The run's tokenizer: a resumed run's own; else ``tokenizer.path``; else the ``init_from``
+    checkpoint's (its embeddings index it); else how the data module learns one from its
+    training text."""
+    if resumed:
+        return Tokenizer.from_str(resumed["hyper_parameters"]["tokenizer"])
+    if cfg.tokenizer.path:
+        return Tokenizer.from_file(cfg.tokenizer.path)
+    if start and "tokenizer" in start.get("hyper_parameters", {}):
+        log.info("tokenizer: the one of init_from=%s", cfg.init_from)
+        return Tokenizer.from_str(start["hyper_parameters"]["tokenizer"])
+    return functools.partial(
+        Tokenizer.train, vocab_size=cfg.tokenizer.vocab_size, kind=cfg.tokenizer.kind,
+        min_frequency=cfg.tokenizer.min_frequency,
+    )
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")

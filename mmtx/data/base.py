@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import lightning as L
 import torch
@@ -24,7 +24,7 @@ from mmtx.data.bad_data import REPORT_FILE, BadDataError, BadDataReport, Policy,
 from mmtx.data.images import ImageLoadError, load_image, scan_images
 from mmtx.data.memory import ImagesInMemory, fits_in_memory
 from mmtx.data.sampling import SeededDataset, ShardedBatchSampler
-from mmtx.data.tokenizer import Tokenizer
+from mmtx.data.tokenizer import Tokenizer, TokenizerError
 from mmtx.data.transforms import build_normalize, build_transforms
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,10 @@ class ImageTextDataModule(L.LightningDataModule):
             ``MAX_MEMORY_BYTES``). Never for training with random crops.
         shuffle_seed: the run's seed (the configs take ``seed``), from which each epoch's order
             of training examples and their augmentation come.
+        tokenizer: what encodes the texts, or a function that learns it from the training texts
+            (``texts("train")``), called by ``setup("fit")``: every process learns the same
+            vocabulary from the same text, so none has to wait for another's file.
+        val_split: the split that validation reads (``mmtx-eval split=test`` chooses another).
     """
 
     def __init__(
@@ -78,6 +82,8 @@ class ImageTextDataModule(L.LightningDataModule):
         on_bad_annotation: Policy | None = None,
         in_memory: bool | str = "auto",
         shuffle_seed: int = 0,
+        tokenizer: Tokenizer | Callable[[list[str]], Tokenizer] | None = None,
+        val_split: str = "val",
     ) -> None:
         super().__init__()
         if in_memory not in (True, False, "auto"):
@@ -94,13 +100,14 @@ class ImageTextDataModule(L.LightningDataModule):
         self.crop_scale = tuple(crop_scale) if crop_scale else None
         self.on_bad_image = check_policy(on_bad_image, "data.on_bad_image")
         self.on_bad_annotation = check_policy(on_bad_annotation or on_bad_image, "data.on_bad_annotation")
-        self.tokenizer: Tokenizer | None = None  # set by the caller (trained or loaded)
+        self.tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else None
+        self._learn_tokenizer = None if isinstance(tokenizer, Tokenizer) else tokenizer
         self.datasets: dict[str, Dataset] = {}
         self.report = BadDataReport()  # what was left out or cut; bad_data.txt in the run directory
         self._records: dict[str, list[Any]] = {}
         self._lengths_checked: set[str] = set()
         self.seed = shuffle_seed  # the run's seed: the order and augmentation of training examples
-        self.val_split = "val"  # what validation reads (mmtx-eval split=test sets another)
+        self.val_split = val_split
         self._resume_at: tuple[int, int] | None = None  # (epoch, batches done) from a checkpoint
 
     # --- what a source provides -------------------------------------------------------------
@@ -168,7 +175,14 @@ class ImageTextDataModule(L.LightningDataModule):
 
     # --- Lightning hooks --------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
-        wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}.get(stage or "fit", ())
+        """Read, screen and (where asked) decode the stage's splits; for ``fit``, learn the
+        tokenizer first when the module was given a function to learn it."""
+        if (stage or "fit") == "fit" and self.tokenizer is None and self._learn_tokenizer is not None:
+            texts = self.texts("train")
+            if not texts:
+                raise TokenizerError("the training split has no text to learn a vocabulary from; set tokenizer.path")
+            self.tokenizer = self._learn_tokenizer(texts)
+        wanted = {"fit": ("train", "val"), "validate": (self.val_split,), "test": ("test",)}.get(stage or "fit", ())
         for split in wanted:
             if split not in self.datasets and self.has_split(split):
                 train = split == "train"
@@ -200,9 +214,9 @@ class ImageTextDataModule(L.LightningDataModule):
             raise ImageLoadError(path, f"{reason} ({_DECODE_HINT})")
 
     def _loader(self, split: str, train: bool) -> DataLoader:
+        self.setup("fit" if train else "test" if split == "test" else "validate")
         if self.tokenizer is None:
-            raise RuntimeError(f"{type(self).__name__}.tokenizer must be set before making data loaders")
-        self.setup({"train": "fit", "val": "validate", "test": "test"}[split])
+            raise RuntimeError(f"{type(self).__name__} was built without a tokenizer (tokenizer=...)")
         self._report_long_texts(split)
         trainer = self.trainer  # None outside a Trainer
         sampler = ShardedBatchSampler(
