@@ -74,7 +74,8 @@ def synthetic_coco(root: Path, count: int, seed: int = 0) -> tuple[Path, Path]:
 
 
 def make_datamodule(source: str, args: argparse.Namespace, workers: int, tokenizer: Any = None) -> Any:
-    from mmtx.data.datamodule import CocoCaptions, ShapesCaptions
+    from mmtx.data.captions import CocoCaptions
+    from mmtx.data.synthetic import ShapesCaptions
 
     common = dict(batch_size=args.batch_size, num_workers=workers, max_length=32, tokenizer=tokenizer)
     if source == "shapes":

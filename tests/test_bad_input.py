@@ -19,13 +19,14 @@ from PIL import Image
 
 from mmtx.checkpoint import TASK_KEY, CheckpointError, check_resume, load_task, read_checkpoint
 from mmtx.data.bad_data import REPORT_FILE, BadDataError, BadDataReport
-from mmtx.data.captions import AnnotationError, read_coco_captions, read_karpathy
-from mmtx.data.datamodule import CocoCaptions
+from mmtx.data.annotations import AnnotationError
+from mmtx.data.captions import read_coco_captions, read_karpathy
+from mmtx.data.captions import CocoCaptions
 from mmtx.data.images import ImageLoadError, check_image, load_image, scan_images
 from mmtx.data.tokenizer import Tokenizer, TokenizerError
 from mmtx.data.transforms import build_transforms
 from mmtx.data.vqa import read_vqa
-from mmtx.data.vqa_datamodule import VqaV2
+from mmtx.data.vqa import VqaV2
 from tests.bad_inputs import tiny_model_config, write_dirty_coco, write_tiny_checkpoint
 
 
@@ -318,7 +319,7 @@ def test_error_lists_the_first_20_bad_images_and_counts_the_rest(tmp_path: Path)
 def test_skip_policy_leaves_out_and_reports_exactly_the_bad_data(tmp_path: Path, caplog) -> None:
     module, data = _coco_module(tmp_path, on_bad_image="skip")
     assert module.on_bad_annotation == "skip"  # follows on_bad_image unless set
-    with caplog.at_level(logging.WARNING, logger="mmtx.data.base"):
+    with caplog.at_level(logging.WARNING, logger="mmtx.data"):
         records = module.records("train")
     assert sorted(r.image_id for r in records) == list(range(1, data.train_images + 1))
     assert not any(str(r.path) in data.bad_images for r in records)
@@ -401,7 +402,7 @@ def test_decode_failure_in_a_worker_reaches_the_main_process_as_image_load_error
 
 def test_captions_longer_than_max_length_are_cut_counted_and_reported(tmp_path: Path, caplog) -> None:
     module, data = _coco_module(tmp_path, on_bad_image="skip", tokenizer=functools.partial(Tokenizer.train, vocab_size=60))
-    with caplog.at_level(logging.WARNING, logger="mmtx.data.base"):
+    with caplog.at_level(logging.WARNING, logger="mmtx.data"):
         batch = next(iter(module.train_dataloader()))
     assert batch["input_ids"].shape[1] <= 12
     cut = [d for d in module.report.items if d.kind == "truncated"]

@@ -19,7 +19,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mmtx.data.captions import AnnotationError, CaptionRecord, read_coco_captions, read_karpathy
+from mmtx.data.annotations import AnnotationError
+from mmtx.data.captions import CaptionRecord, read_coco_captions, read_karpathy
 from mmtx.data.tokenizer import Tokenizer, TokenizerError
 from mmtx.data.vqa import VqaRecord, read_vqa
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from mmtx.data.annotations import AnnotationError
 from mmtx.data.captions import (
-    AnnotationError,
     CaptionRecord,
     read_coco_captions,
     read_karpathy,

@@ -247,7 +247,7 @@ def test_sigterm_saves_and_exits_then_resumes_exactly(cli, tiny: list[str], tmp_
 
 def test_the_lightning_counter_mid_epoch_resume_reads_counts_batches_of_this_epoch() -> None:
     """mmtx's data modules record where an epoch stands from a Lightning internal
-    (``fit_loop.epoch_loop.batch_progress.current.ready``, read in ``mmtx/data/base.py``); this fast
+    (``fit_loop.epoch_loop.batch_progress.current.ready``, read in ``mmtx/data/sampling.py``); this fast
     test fails if an upgrade renames it or stops resetting it at each epoch. 5 batches an epoch,
     7 steps: the counter reads 1..5, then 1, 2."""
     seen: list[int] = []

@@ -9,10 +9,10 @@ import pytest
 import torch
 from PIL import Image
 
-from mmtx.data.base import DecodeFailures, FAILURES_KEY
+from mmtx.data.bad_data import FAILURES_KEY, DecodeFailures
 from mmtx.data.bad_data import BadDataReport
 from mmtx.data.captions import CaptionRecord
-from mmtx.data.datamodule import CaptionDataset
+from mmtx.data.captions.datamodule import CaptionDataset
 from mmtx.data.images import ImageLoadError
 from mmtx.data.memory import ImagesInMemory, fits_in_memory
 from mmtx.data.transforms import build_transforms

@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from mmtx.data import shapes
+from mmtx.data.synthetic import shapes
 from mmtx.data.captions import read_coco_captions
-from mmtx.data.shapes import (
+from mmtx.data.synthetic.shapes import (
     COLORS,
     MAX_CAPTION_WORDS,
     Scene,

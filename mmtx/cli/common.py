@@ -19,7 +19,7 @@ from mmtx.callbacks import NonFiniteLossError
 from mmtx.checkpoint import CheckpointError
 from mmtx.config_check import ConfigError
 from mmtx.data.bad_data import BadDataError
-from mmtx.data.captions import AnnotationError
+from mmtx.data.annotations import AnnotationError
 from mmtx.data.images import ImageLoadError
 from mmtx.data.tokenizer import TokenizerError
 from mmtx.export import ExportError

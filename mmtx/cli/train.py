@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from mmtx.callbacks import Preempted
 from mmtx.checkpoint import check_resume, init_from, read_checkpoint
 from mmtx.compile import compile_blocks
-from mmtx.config_check import ConfigError, check_train_config
+from mmtx.config_check import check_train_config
 from mmtx.cli.common import (
     CONFIG_DIR,
     absolute_data_paths,

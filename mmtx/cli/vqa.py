@@ -14,7 +14,7 @@ from mmtx.cli.common import CONFIG_DIR, friendly_errors
 from mmtx.config_check import ConfigError
 from mmtx.data.images import load_image
 from mmtx.data.transforms import build_transforms
-from mmtx.data.vqa import read_vqa
+from mmtx.data.vqa.files import read_vqa
 from mmtx.tasks.vqa import AnswerTask
 
 

@@ -8,20 +8,31 @@ Problems with a whole file (not found, not JSON, no ``images`` array) are always
 
 `BadDataError` lists what the ``error`` policies found; `BadDataReport` keeps one line per
 item left out (and per text cut to ``max_length``) for a run to write next to its checkpoints
-(``bad_data.txt``).
+(``bad_data.txt``). `screen` applies the policies to a split before training; `ScreenedLoader`
+and `DecodeFailures` apply them, in the main process, to images that fail to decode later
+(inside a loader worker).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from torch.utils.data import DataLoader, Dataset
+
+from mmtx.data.images import ImageLoadError, scan_images
+
+log = logging.getLogger(__name__)
 
 Policy = Literal["error", "skip"]
 POLICIES: tuple[str, ...] = ("error", "skip")
 LISTED = 20  # how many culprits an error message or log line names before "and N more"
 REPORT_FILE = "bad_data.txt"
+FAILURES_KEY = "image_failures"  # a batch's [(path, reason)] of images replaced after failing to decode
+DECODE_HINT = "set data.on_bad_image=skip to replace such images and go on"
 
 
 def check_policy(value: object, key: str) -> Policy:
@@ -106,3 +117,82 @@ class BadDataReport:
         header = "# what mmtx left out of the data (or cut): split, kind, file or entry, reason\n"
         self.path.write_text(header + "".join(d.line() + "\n" for d in self.items), encoding="utf-8")
         return self.path
+
+
+def screen(
+    split: str, records: list[Any], skipped: list[str], on_bad_image: Policy, on_bad_annotation: Policy,
+    report: BadDataReport, describe: Callable[[list[Any]], str],
+) -> list[Any]:
+    """The split's good ``records`` (each with a ``path``): the bad annotation entries its reader
+    described in ``skipped`` and the records whose image file fails the pre-flight scan are left
+    out under ``skip`` (logged, and added to ``report``), and raised together under ``error``.
+    ``describe(records)`` says what leaving records out drops, e.g. "their 12 caption(s)"."""
+    bad = scan_images((r.path for r in records), desc=f"checking {split} images")
+    kept = [r for r in records if r.path not in bad]
+    failed_annotations = skipped if on_bad_annotation == "error" else []
+    failed_images = bad if on_bad_image == "error" else {}
+    if failed_annotations or failed_images:
+        raise BadDataError(split, failed_annotations, failed_images)
+    if records and not kept:
+        raise BadDataError(split, images=bad, none_left=True)
+    if skipped:
+        for problem in skipped:
+            report.add(split, "annotation", problem, "entry left out")
+        log.warning("%s split: left out %d bad annotation entries (data.on_bad_annotation=skip):\n%s",
+                    split, len(skipped), listing(skipped))
+    if bad:
+        for path, reason in sorted(bad.items()):
+            report.add(split, "image", str(path), reason)
+        log.warning(
+            "%s split: left out %d bad image file(s) and %s (data.on_bad_image=skip):\n%s", split, len(bad),
+            describe([r for r in records if r.path in bad]),
+            listing([f"{path}: {reason}" for path, reason in sorted(bad.items())]),
+        )
+    return kept
+
+
+@dataclass
+class DecodeFailures:
+    """Applies ``on_bad_image`` in the main process to images that failed to decode in a worker;
+    under ``skip`` each file is reported once, however many epochs meet it."""
+
+    split: str
+    policy: Policy
+    report: BadDataReport
+
+    def __call__(self, failures: list[tuple[str, str]]) -> None:
+        for path, reason in failures:
+            if self.policy == "error":
+                raise ImageLoadError(path, f"{reason} ({DECODE_HINT})")
+            if not any(d.kind == "decode" and d.what == path for d in self.report.items):
+                self.report.add(self.split, "decode", path, reason)
+                log.warning("%s split: cannot decode %s (%s): replaced by another example "
+                            "(data.on_bad_image=skip; %d such file(s) so far)",
+                            self.split, path, reason, self.report.count("decode", self.split))
+
+
+class ScreenedLoader(DataLoader):
+    """A DataLoader that hands each batch's ``image_failures`` to ``failures`` (main process)."""
+
+    def __init__(self, dataset: Dataset, *, failures: DecodeFailures | None = None, **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self.failures = failures
+
+    def __iter__(self):  # type: ignore[override]
+        batches = super().__iter__()
+        for batch in batches:
+            found = batch.pop(FAILURES_KEY, None) if isinstance(batch, dict) else None
+            if found and self.failures is not None:
+                try:
+                    self.failures(found)
+                except ImageLoadError:
+                    self._stop_workers(batches)
+                    raise
+            yield batch
+
+    def _stop_workers(self, batches: Any) -> None:
+        """End the worker processes now: left to garbage collection they linger for seconds."""
+        shutdown = getattr(batches, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        self._iterator = None  # persistent workers: the next pass starts new ones

@@ -10,28 +10,34 @@ listed in each batch (``image_failures``) instead of as a crash inside the worke
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import lightning as L
 import torch
-from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from mmtx.data.bad_data import REPORT_FILE, BadDataError, BadDataReport, Policy, check_policy, listing
-from mmtx.data.images import ImageLoadError, load_image, scan_images
+from mmtx.data.bad_data import (
+    DECODE_HINT,
+    FAILURES_KEY,
+    REPORT_FILE,
+    BadDataReport,
+    DecodeFailures,
+    Policy,
+    ScreenedLoader,
+    check_policy,
+    screen,
+)
+from mmtx.data.images import ImageLoadError, load_image
 from mmtx.data.memory import ImagesInMemory, fits_in_memory
-from mmtx.data.sampling import SeededDataset, ShardedBatchSampler
+from mmtx.data.sampling import SeededDataset, ShardedBatchSampler, position_in_epoch
 from mmtx.data.tokenizer import Tokenizer, TokenizerError
 from mmtx.data.transforms import build_normalize, build_transforms
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
-FAILURES_KEY = "image_failures"  # a batch's [(path, reason)] of images replaced after failing to decode
-_DECODE_HINT = "set data.on_bad_image=skip to replace such images and go on"
 
 
 def split_files(splits: dict[str, dict | None], split: str, needed: tuple[str, ...]) -> dict:
@@ -142,36 +148,11 @@ class ImageTextDataModule(L.LightningDataModule):
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
         if split not in self._records:
-            self._records[split] = self._screened(split)
+            skipped: list[str] = []
+            records = self.load_records(split, skipped)
+            self._records[split] = screen(split, records, skipped, self.on_bad_image, self.on_bad_annotation,
+                                          self.report, self.describe)
         return self._records[split]
-
-    def _screened(self, split: str) -> list[Any]:
-        """The split's good records: bad annotation entries and records whose image file fails
-        the pre-flight check are left out under ``skip``, and raised together under ``error``."""
-        skipped: list[str] = []
-        records = self.load_records(split, skipped)
-        bad = scan_images((r.path for r in records), desc=f"checking {split} images")
-        kept = [r for r in records if r.path not in bad]
-        failed_annotations = skipped if self.on_bad_annotation == "error" else []
-        failed_images = bad if self.on_bad_image == "error" else {}
-        if failed_annotations or failed_images:
-            raise BadDataError(split, failed_annotations, failed_images)
-        if records and not kept:
-            raise BadDataError(split, images=bad, none_left=True)
-        if skipped:
-            for problem in skipped:
-                self.report.add(split, "annotation", problem, "entry left out")
-            log.warning("%s split: left out %d bad annotation entries (data.on_bad_annotation=skip):\n%s",
-                        split, len(skipped), listing(skipped))
-        if bad:
-            for path, reason in sorted(bad.items()):
-                self.report.add(split, "image", str(path), reason)
-            log.warning(
-                "%s split: left out %d bad image file(s) and %s (data.on_bad_image=skip):\n%s", split, len(bad),
-                self.describe([r for r in records if r.path in bad]),
-                listing([f"{path}: {reason}" for path, reason in sorted(bad.items())]),
-            )
-        return kept
 
     # --- Lightning hooks --------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
@@ -211,7 +192,7 @@ class ImageTextDataModule(L.LightningDataModule):
         log.info("%s split: %d images decoded into memory (%.0f MB)", split, len(memory), memory.nbytes / 1e6)
         if memory.failed and self.on_bad_image == "error":
             path, reason = next(iter(memory.failed.items()))
-            raise ImageLoadError(path, f"{reason} ({_DECODE_HINT})")
+            raise ImageLoadError(path, f"{reason} ({DECODE_HINT})")
 
     def _loader(self, split: str, train: bool) -> DataLoader:
         self.setup("fit" if train else "test" if split == "test" else "validate")
@@ -254,11 +235,7 @@ class ImageTextDataModule(L.LightningDataModule):
     # --- resuming mid-epoch ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, int]:
         """Where training is in its epoch; Lightning stores it in every checkpoint."""
-        trainer = self.trainer
-        if trainer is None or trainer.state.fn != TrainerFn.FITTING:
-            return {}
-        batches_done = trainer.fit_loop.epoch_loop.batch_progress.current.ready  # in this epoch
-        return {"epoch": trainer.current_epoch, "batches_done": batches_done}
+        return position_in_epoch(self.trainer)
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """A resumed run's first training epoch starts after the batches it had already taken."""
@@ -335,55 +312,8 @@ class ImageTextDataset(Dataset):
                 image = self.image(path)
             except ImageLoadError as err:
                 if self.on_bad_image == "error" and get_worker_info() is None:
-                    raise ImageLoadError(err.path, f"{err.reason} ({_DECODE_HINT})") from err
+                    raise ImageLoadError(err.path, f"{err.reason} ({DECODE_HINT})") from err
                 failures.append((str(err.path), err.reason))
                 continue
             return {**self.example(j, image), FAILURES_KEY: failures}
         raise ImageLoadError(self.image_path(i), "no image of this split can be loaded")
-
-
-@dataclass
-class DecodeFailures:
-    """Applies ``on_bad_image`` in the main process to images that failed to decode in a worker;
-    under ``skip`` each file is reported once, however many epochs meet it."""
-
-    split: str
-    policy: Policy
-    report: BadDataReport
-
-    def __call__(self, failures: list[tuple[str, str]]) -> None:
-        for path, reason in failures:
-            if self.policy == "error":
-                raise ImageLoadError(path, f"{reason} ({_DECODE_HINT})")
-            if not any(d.kind == "decode" and d.what == path for d in self.report.items):
-                self.report.add(self.split, "decode", path, reason)
-                log.warning("%s split: cannot decode %s (%s): replaced by another example "
-                            "(data.on_bad_image=skip; %d such file(s) so far)",
-                            self.split, path, reason, self.report.count("decode", self.split))
-
-
-class ScreenedLoader(DataLoader):
-    """A DataLoader that hands each batch's ``image_failures`` to ``failures`` (main process)."""
-
-    def __init__(self, dataset: Dataset, *, failures: DecodeFailures | None = None, **kwargs: Any) -> None:
-        super().__init__(dataset, **kwargs)
-        self.failures = failures
-
-    def __iter__(self):  # type: ignore[override]
-        batches = super().__iter__()
-        for batch in batches:
-            found = batch.pop(FAILURES_KEY, None) if isinstance(batch, dict) else None
-            if found and self.failures is not None:
-                try:
-                    self.failures(found)
-                except ImageLoadError:
-                    self._stop_workers(batches)
-                    raise
-            yield batch
-
-    def _stop_workers(self, batches: Any) -> None:
-        """End the worker processes now: left to garbage collection they linger for seconds."""
-        shutdown = getattr(batches, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
-        self._iterator = None  # persistent workers: the next pass starts new ones

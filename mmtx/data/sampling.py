@@ -102,3 +102,19 @@ class SeededDataset(Dataset):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             return self.dataset[index]
+
+
+def position_in_epoch(trainer: Any) -> dict[str, int]:
+    """Where a fitting ``trainer`` is in its epoch: ``{"epoch", "batches_done"}`` ({} when it is
+    not fitting), for a data module's ``state_dict`` and a resumed sampler.
+
+    Lightning exposes no public count of the batches taken in the current epoch; its fit loop's
+    progress counter (``batch_progress.current.ready``) is that count, reset each epoch (tests
+    guard it: test_faults).
+    """
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    if trainer is None or trainer.state.fn != TrainerFn.FITTING:
+        return {}
+    batches_done = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+    return {"epoch": trainer.current_epoch, "batches_done": batches_done}

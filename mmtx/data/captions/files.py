@@ -13,14 +13,23 @@ Image files are not opened or checked for existence here.
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path
 from typing import Any
 
+from mmtx.data.annotations import (
+    AnnotationError,
+    EntryProblems,
+    as_object,
+    atomic_write_json,
+    invalid_text,
+    join_inside,
+    load_json_object,
+    optional,
+    require,
+)
 from mmtx.data.bad_data import listing
 
 KARPATHY_TRAIN_EXTRA = "restval"  # Karpathy's convention: "train" also takes these images
@@ -33,31 +42,6 @@ class CaptionRecord:
     image_id: int
     path: Path
     captions: tuple[str, ...]
-
-
-class AnnotationError(ValueError):
-    """An annotation file is missing, not JSON, or does not have the expected structure."""
-
-
-class EntryProblems:
-    """Problems with single entries of one annotation file: raised together at the end, or
-    handed to the caller's ``skipped`` list (the entries are then left out)."""
-
-    def __init__(self, file: Path, skipped: list[str] | None) -> None:
-        self.file, self.skipped = file, skipped
-        self.found: list[str] = []
-
-    def add(self, problem: AnnotationError | str) -> None:
-        self.found.append(str(problem))
-
-    def finish(self) -> None:
-        """Hand the problems over, or raise them as one AnnotationError."""
-        if self.skipped is not None:
-            self.skipped.extend(self.found)
-        elif len(self.found) == 1:
-            raise AnnotationError(self.found[0])
-        elif self.found:
-            raise AnnotationError(f"{self.file}: {len(self.found)} bad entries:\n{listing(self.found)}")
 
 
 def read_coco_captions(
@@ -74,9 +58,9 @@ def read_coco_captions(
     """
     file = Path(annotations)
     root = Path(images)
-    data = _load_json_object(file)
-    image_entries = _require(data, "images", list, file, "")
-    ann_entries = _require(data, "annotations", list, file, "")
+    data = load_json_object(file)
+    image_entries = require(data, "images", list, file, "")
+    ann_entries = require(data, "annotations", list, file, "")
     problems = EntryProblems(file, skipped)
 
     paths: dict[int, Path] = {}
@@ -84,13 +68,13 @@ def read_coco_captions(
     for i, entry in enumerate(image_entries):
         where = f"images[{i}]"
         try:
-            entry = _as_object(entry, file, where)
-            image_id = _require(entry, "id", int, file, where)
+            entry = as_object(entry, file, where)
+            image_id = require(entry, "id", int, file, where)
             if image_id in paths:
                 raise AnnotationError(f"{file}: {where}.id: duplicate image id {image_id}")
             dropped.add(image_id)
-            file_name = _require(entry, "file_name", str, file, where)
-            paths[image_id] = _join_inside(root, file_name, file, f"{where}.file_name")
+            file_name = require(entry, "file_name", str, file, where)
+            paths[image_id] = join_inside(root, file_name, file, f"{where}.file_name")
             dropped.discard(image_id)
         except AnnotationError as err:
             problems.add(err)
@@ -99,11 +83,11 @@ def read_coco_captions(
     for i, entry in enumerate(ann_entries):
         where = f"annotations[{i}]"
         try:
-            entry = _as_object(entry, file, where)
-            image_id = _require(entry, "image_id", int, file, where)
+            entry = as_object(entry, file, where)
+            image_id = require(entry, "image_id", int, file, where)
             if image_id in dropped:
                 continue
-            text = _require(entry, "caption", str, file, where)
+            text = require(entry, "caption", str, file, where)
             if image_id not in captions:
                 raise AnnotationError(f"{file}: {where}.image_id: image id {image_id} is not in images[]")
             captions[image_id].append(_clean_caption(text, file, f"{where}.caption"))
@@ -127,14 +111,14 @@ def read_karpathy(
     """
     file = Path(annotations)
     root = Path(images)
-    data = _load_json_object(file)
-    entries = _require(data, "images", list, file, "")
+    data = load_json_object(file)
+    entries = require(data, "images", list, file, "")
     problems = EntryProblems(file, skipped)
 
     splits: list[str | None] = []
     for i, entry in enumerate(entries):
         try:
-            splits.append(_require(_as_object(entry, file, f"images[{i}]"), "split", str, file, f"images[{i}]"))
+            splits.append(require(as_object(entry, file, f"images[{i}]"), "split", str, file, f"images[{i}]"))
         except AnnotationError as err:
             splits.append(None)
             problems.add(err)
@@ -153,16 +137,16 @@ def read_karpathy(
         where = f"images[{i}]"
         try:
             if entry.get("cocoid") is not None:
-                image_id = _require(entry, "cocoid", int, file, where)
+                image_id = require(entry, "cocoid", int, file, where)
             else:
-                image_id = _require(entry, "imgid", int, file, where)
+                image_id = require(entry, "imgid", int, file, where)
             if image_id in records:
                 raise AnnotationError(f"{file}: {where}: duplicate image id {image_id} in split {split!r}")
-            filename = _require(entry, "filename", str, file, where)
-            filepath = _optional(entry, "filepath", str, file, where)
+            filename = require(entry, "filename", str, file, where)
+            filepath = optional(entry, "filepath", str, file, where)
             relative = f"{filepath}/{filename}" if filepath else filename
-            path = _join_inside(root, relative, file, f"{where}.filepath/filename")
-            sentences = _require(entry, "sentences", list, file, where)
+            path = join_inside(root, relative, file, f"{where}.filepath/filename")
+            sentences = require(entry, "sentences", list, file, where)
         except AnnotationError as err:
             problems.add(err)
             continue
@@ -210,96 +194,7 @@ def write_coco_captions(
             ann_entries.append({"id": len(ann_entries) + 1, "image_id": record.image_id, "caption": caption})
 
     document = {"info": dict(info or {}), "licenses": [], "images": image_entries, "annotations": ann_entries}
-    _atomic_write_json(Path(path), document)
-
-
-def _atomic_write_json(path: Path, document: Any) -> None:
-    """Write JSON next to `path` and rename it into place, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(document, f, ensure_ascii=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _load_json_object(file: Path) -> dict[str, Any]:
-    """The JSON object in ``file``; bytes that are not UTF-8 survive as lone surrogates
-    (``surrogateescape``), so that inside a string they are blamed on that entry alone."""
-    try:
-        text = file.read_bytes().decode("utf-8-sig", errors="surrogateescape")
-    except FileNotFoundError:
-        raise AnnotationError(f"{file}: annotation file not found") from None
-    except OSError as err:
-        raise AnnotationError(f"{file}: cannot read annotation file: {err}") from err
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        position = f"line {err.lineno} column {err.colno}"
-        odd = ord(text[err.pos]) if err.pos < len(text) else 0
-        if 0xDC80 <= odd <= 0xDCFF:  # surrogateescape's stand-in for a byte that is not UTF-8
-            raise AnnotationError(f"{file}: not UTF-8 text at {position} (byte 0x{odd - 0xDC00:02x})") from err
-        raise AnnotationError(f"{file}: invalid JSON at {position}: {err.msg}") from err
-    except RecursionError as err:
-        raise AnnotationError(f"{file}: invalid JSON: nested too deeply") from err
-    except ValueError as err:  # e.g. an integer of more than 4300 digits
-        raise AnnotationError(f"{file}: invalid JSON: {err}") from err
-    return _as_object(data, file, "top level")
-
-
-def _invalid_text(text: str) -> str | None:
-    """Why ``text`` is not valid Unicode (None if it is): a byte that was not UTF-8, or a
-    lone surrogate from a ``\\ud800``-style escape, which no tokenizer can encode."""
-    if text.isascii():
-        return None
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:
-        char = ord(text[err.start])
-        if 0xDC80 <= char <= 0xDCFF:  # surrogateescape's stand-in for a raw byte
-            return f"byte 0x{char - 0xDC00:02x} at character {err.start} is not UTF-8"
-        return f"lone surrogate U+{char:04X} at character {err.start} is not valid Unicode"
-    return None
-
-
-def _as_object(value: Any, file: Path, where: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise AnnotationError(f"{file}: {where}: expected a JSON object, got {_json_type(value)}")
-    return value
-
-
-def _require(entry: dict[str, Any], key: str, kind: type, file: Path, where: str) -> Any:
-    """`entry[key]`, which must exist and be of JSON type `kind` (bool is not an int here)."""
-    label = f"{where}.{key}" if where else key
-    if key not in entry:
-        raise AnnotationError(f"{file}: {label}: missing key {key!r}")
-    value = entry[key]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise AnnotationError(f"{file}: {label}: expected {_JSON_TYPES[kind]}, got {_json_type(value)}")
-    if kind is int and not _INT64[0] <= value <= _INT64[1]:
-        raise AnnotationError(f"{file}: {label}: {value} is out of range (ids are 64-bit integers)")
-    if kind is str and (reason := _invalid_text(value)):
-        raise AnnotationError(f"{file}: {label}: {reason}")
-    return value
-
-
-def _optional(entry: dict[str, Any], key: str, kind: type, file: Path, where: str) -> Any:
-    return _require(entry, key, kind, file, where) if entry.get(key) is not None else None
-
-
-_INT64 = (-(2**63), 2**63 - 1)
-_JSON_TYPES = {int: "an integer", float: "a number", str: "a string", list: "an array", dict: "an object"}
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    return _JSON_TYPES.get(type(value), type(value).__name__)
+    atomic_write_json(Path(path), document)
 
 
 def _clean_caption(text: str, file: Path, where: str) -> str:
@@ -311,21 +206,11 @@ def _clean_caption(text: str, file: Path, where: str) -> str:
 
 
 def _karpathy_sentence(sentence: Any, file: Path, where: str) -> str:
-    sentence = _as_object(sentence, file, where)
-    raw = _optional(sentence, "raw", str, file, where)
+    sentence = as_object(sentence, file, where)
+    raw = optional(sentence, "raw", str, file, where)
     if raw is not None and raw.strip():
         return _clean_caption(raw, file, f"{where}.raw")
-    tokens = _require(sentence, "tokens", list, file, where)
-    if not all(isinstance(token, str) and not _invalid_text(token) for token in tokens):
+    tokens = require(sentence, "tokens", list, file, where)
+    if not all(isinstance(token, str) and not invalid_text(token) for token in tokens):
         raise AnnotationError(f"{file}: {where}.tokens: expected an array of UTF-8 strings")
     return _clean_caption(" ".join(tokens), file, f"{where}.tokens")
-
-
-def _join_inside(root: Path, relative: str, file: Path, where: str) -> Path:
-    """`root / relative`, refusing names that are empty, absolute or climb out with '..'."""
-    if "\0" in relative:
-        raise AnnotationError(f"{file}: {where}: file name {relative!r} contains a NUL byte")
-    for flavour in (PurePosixPath(relative), PureWindowsPath(relative)):
-        if not relative or flavour.is_absolute() or flavour.anchor or ".." in flavour.parts:
-            raise AnnotationError(f"{file}: {where}: file name {relative!r} escapes the image root {root}")
-    return root / relative

@@ -23,15 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmtx.data.captions import (
+from mmtx.data.annotations import (
     AnnotationError,
     EntryProblems,
-    _as_object,
-    _atomic_write_json,
-    _invalid_text,
-    _load_json_object,
-    _optional,
-    _require,
+    as_object,
+    atomic_write_json,
+    invalid_text,
+    load_json_object,
+    optional,
+    require,
 )
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
@@ -70,19 +70,19 @@ def read_vqa(
     for the image check to report as missing.
     """
     questions_file, root = Path(questions), Path(images)
-    data = _load_json_object(questions_file)
-    entries = _require(data, "questions", list, questions_file, "")
-    subtype = _optional(data, "data_subtype", str, questions_file, "")
+    data = load_json_object(questions_file)
+    entries = require(data, "questions", list, questions_file, "")
+    subtype = optional(data, "data_subtype", str, questions_file, "")
     problems = EntryProblems(questions_file, skipped)
 
     parsed: dict[int, tuple[int, str]] = {}  # question id -> (image id, question)
     for i, entry in enumerate(entries):
         where = f"questions[{i}]"
         try:
-            entry = _as_object(entry, questions_file, where)
-            question_id = _require(entry, "question_id", int, questions_file, where)
-            image_id = _require(entry, "image_id", int, questions_file, where)
-            text = " ".join(_require(entry, "question", str, questions_file, where).split())
+            entry = as_object(entry, questions_file, where)
+            question_id = require(entry, "question_id", int, questions_file, where)
+            image_id = require(entry, "image_id", int, questions_file, where)
+            text = " ".join(require(entry, "question", str, questions_file, where).split())
             if question_id in parsed:
                 raise AnnotationError(f"{questions_file}: {where}.question_id: duplicate question id {question_id}")
             if not text:
@@ -150,9 +150,9 @@ def write_vqa(
         annotation_entries.append(entry)
 
     header = {"info": {"description": "written by mmtx"}, "license": {}, "data_subtype": data_subtype}
-    _atomic_write_json(Path(questions_path), {**header, "task_type": "Open-Ended", "questions": question_entries})
+    atomic_write_json(Path(questions_path), {**header, "task_type": "Open-Ended", "questions": question_entries})
     if annotations_path is not None:
-        _atomic_write_json(Path(annotations_path), {**header, "annotations": annotation_entries})
+        atomic_write_json(Path(annotations_path), {**header, "annotations": annotation_entries})
 
 
 def _read_annotations(
@@ -160,30 +160,30 @@ def _read_annotations(
 ) -> dict[int, tuple[tuple[str, ...], str | None, str | None]]:
     """{question id: (answers, answer type, question type)} for the questions of `questions`
     that have a good annotation (all of them, or an AnnotationError, unless skipping)."""
-    data = _load_json_object(file)
-    entries = _require(data, "annotations", list, file, "")
+    data = load_json_object(file)
+    entries = require(data, "annotations", list, file, "")
     problems = EntryProblems(file, skipped)
     labels: dict[int, tuple[tuple[str, ...], str | None, str | None]] = {}
     seen: set[int] = set()
     for i, entry in enumerate(entries):
         where = f"annotations[{i}]"
         try:
-            entry = _as_object(entry, file, where)
-            question_id = _require(entry, "question_id", int, file, where)
+            entry = as_object(entry, file, where)
+            question_id = require(entry, "question_id", int, file, where)
             if question_id not in questions:
                 continue
             if question_id in seen:
                 raise AnnotationError(f"{file}: {where}.question_id: duplicate question id {question_id}")
             seen.add(question_id)  # from here on, a problem is this question's only report
-            image_id = _require(entry, "image_id", int, file, where)
+            image_id = require(entry, "image_id", int, file, where)
             if image_id != questions[question_id][0]:
                 raise AnnotationError(
                     f"{file}: {where}.image_id: image id {image_id}, but question {question_id} in "
                     f"{questions_file} is about image {questions[question_id][0]}"
                 )
-            answers = _answers(_require(entry, "answers", list, file, where), file, where)
-            answer_type = _optional(entry, "answer_type", str, file, where)
-            question_type = _optional(entry, "question_type", str, file, where)
+            answers = _answers(require(entry, "answers", list, file, where), file, where)
+            answer_type = optional(entry, "answer_type", str, file, where)
+            question_type = optional(entry, "question_type", str, file, where)
             labels[question_id] = (answers, answer_type, question_type)
         except AnnotationError as err:
             problems.add(err)
@@ -203,10 +203,10 @@ def _answers(entries: list[Any], file: Path, where: str) -> tuple[str, ...]:
     answers = tuple(entry.get("answer") if isinstance(entry, dict) else None for entry in entries)
     if not answers:
         raise AnnotationError(f"{file}: {where}.answers: no answers")
-    if not all(isinstance(answer, str) and not _invalid_text(answer) for answer in answers):
+    if not all(isinstance(answer, str) and not invalid_text(answer) for answer in answers):
         for k, entry in enumerate(entries):  # find the culprit for the message
             at = f"{where}.answers[{k}]"
-            _require(_as_object(entry, file, at), "answer", str, file, at)
+            require(as_object(entry, file, at), "answer", str, file, at)
     return answers
 
 

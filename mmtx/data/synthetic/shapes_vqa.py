@@ -1,11 +1,11 @@
 """Shapes VQA: questions about shapes scenes, each with ten annotator-like answers, drawn on the fly.
 
-The scenes are those of `mmtx.data.shapes` (1-3 shapes, one colour each). Questions ask to
+The scenes are those of `mmtx.data.synthetic.shapes` (1-3 shapes, one colour each). Questions ask to
 count (``how many circles are there?``), name a colour, shape or size (``what color is the
 circle?``), check existence (``is there a red shape?``) or a spatial relation (``is the red
 circle left of the blue square?``, ``what is above the green triangle?``). A question is only
 asked when the scene answers it unambiguously: "the circle" must be the only circle, and a
-relation must be clear by `mmtx.data.shapes.RELATION_RATIO` (for "what is left of X?", no
+relation must be clear by `mmtx.data.synthetic.shapes.RELATION_RATIO` (for "what is left of X?", no
 other shape may be left of X at all). Answer types are balanced (yes/no, number, other in
 turn) and yes/no answers are balanced.
 
@@ -29,9 +29,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from mmtx.data.generated import build_once
-from mmtx.data.shapes import COLORS, KINDS, SIZES, Scene, draw_scene
-from mmtx.data.vqa import VqaRecord, write_vqa
+from mmtx.data.synthetic.build import build_once
+from mmtx.data.synthetic.shapes import COLORS, KINDS, SIZES, Scene, draw_scene
+from mmtx.data.vqa.files import VqaRecord, write_vqa
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ _RELATION_WORDS = {"left": "left of", "right": "right of", "above": "above", "be
 _OPPOSITE = {"left": "right", "right": "left", "above": "below", "below": "above"}
 
 _FORMAT = "mmtx-shapes-vqa"
-# Bump when questions, answers or the scenes of mmtx.data.shapes change, so cached sets are rebuilt.
+# Bump when questions, answers or the scenes of mmtx.data.synthetic.shapes change, so cached sets are rebuilt.
 _FORMAT_VERSION = 1
 _VAL_ID_BASE = 10_000_000  # val image ids start here: unique across splits and stable
 _QUESTION_ID_STRIDE = 1000  # question id = image id * 1000 + index, as in VQA v2

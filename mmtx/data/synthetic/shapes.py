@@ -35,8 +35,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
-from mmtx.data.captions import CaptionRecord, write_coco_captions
-from mmtx.data.generated import build_once
+from mmtx.data.captions.files import CaptionRecord, write_coco_captions
+from mmtx.data.synthetic.build import build_once
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""VQA data sets as Lightning data modules: embedded shapes VQA and the official VQA v2 files."""
+"""VQA data sets as Lightning data modules: the official VQA v2 files."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import torch
 from torch.utils.data import Dataset
 
 from mmtx.data.bad_data import Policy
-from mmtx.data.base import FAILURES_KEY, ImageTextDataModule, ImageTextDataset, split_files
-from mmtx.data.shapes_vqa import generate_shapes_vqa
+from mmtx.data.bad_data import FAILURES_KEY
+from mmtx.data.base import ImageTextDataModule, ImageTextDataset, split_files
 from mmtx.data.tokenizer import Tokenizer
-from mmtx.data.vqa import VqaRecord, read_vqa
+from mmtx.data.vqa.files import VqaRecord, read_vqa
 
 
 class VqaDataset(ImageTextDataset):
@@ -82,36 +82,6 @@ class VqaDataModule(ImageTextDataModule):
     def answers(self, split: str = "train") -> list[list[str]]:
         """Each question's annotator answers (to build the answer vocabulary from)."""
         return [list(r.answers) for r in self.records(split) if r.answers]
-
-
-class ShapesVqa(VqaDataModule):
-    """The embedded default: questions about shapes scenes, generated under ``root`` on first use."""
-
-    def __init__(
-        self, root: str, num_train: int = 8000, num_val: int = 500, seed: int = 0,
-        questions_per_image: int = 5, **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        self.root = Path(root)
-        self.spec = dict(num_train=num_train, num_val=num_val, seed=seed, questions_per_image=questions_per_image)
-        self._files: dict[str, tuple[Path, Path, Path]] | None = None
-
-    def prepare_data(self) -> None:
-        self.files()
-
-    def files(self) -> dict[str, tuple[Path, Path, Path]]:
-        """Questions file, annotations file and image folder per split, generated if needed."""
-        if self._files is None:
-            self._files = generate_shapes_vqa(self.root, image_size=self.image_size, **self.spec)
-        return self._files
-
-    def has_split(self, split: str) -> bool:
-        return split in ("train", "val")
-
-    def load_records(self, split: str, skipped: list[str]) -> list[VqaRecord]:
-        if split == "test":
-            raise ValueError("the shapes VQA data set has train and val splits only")
-        return read_vqa(*self.files()[split], skipped=skipped)
 
 
 class VqaV2(VqaDataModule):

@@ -1,4 +1,4 @@
-"""Caption data sets as Lightning data modules: shapes scenes, COCO captions, Karpathy splits.
+"""Caption data sets as Lightning data modules: COCO captions files, Karpathy splits.
 
 Every source reads into :class:`CaptionRecord` lists; one data module class per source says only
 where its records come from, and the base classes do the rest (datasets, batching, tokenizing).
@@ -13,9 +13,9 @@ import torch
 from torch.utils.data import Dataset
 
 from mmtx.data.bad_data import Policy
-from mmtx.data.base import FAILURES_KEY, ImageTextDataModule, ImageTextDataset, split_files
-from mmtx.data.captions import CaptionRecord, read_coco_captions, read_karpathy
-from mmtx.data.shapes import Scene, caption_correctness, generate_shapes, shapes_val_scenes
+from mmtx.data.bad_data import FAILURES_KEY
+from mmtx.data.base import ImageTextDataModule, ImageTextDataset, split_files
+from mmtx.data.captions.files import CaptionRecord, read_coco_captions, read_karpathy
 from mmtx.data.tokenizer import Tokenizer
 
 
@@ -98,45 +98,6 @@ class CaptionDataModule(ImageTextDataModule):
 
     def input_texts(self, split: str) -> list[tuple[str, str]]:
         return [(f"image {r.image_id} caption {k}", c) for r in self.records(split) for k, c in enumerate(r.captions)]
-
-
-class ShapesCaptions(CaptionDataModule):
-    """The embedded default: procedurally drawn shapes scenes, generated under ``root`` on first use."""
-
-    def __init__(
-        self, root: str, num_train: int = 8000, num_val: int = 500, seed: int = 0,
-        captions_per_image: int = 5, **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        self.root = Path(root)
-        self.spec = dict(num_train=num_train, num_val=num_val, seed=seed, captions_per_image=captions_per_image)
-        self._files: dict[str, tuple[Path, Path]] | None = None
-        self._scenes: dict[str, dict[int, Scene]] = {}  # ground truth of each split's images, by id
-
-    def prepare_data(self) -> None:
-        self.files()
-
-    def files(self) -> dict[str, tuple[Path, Path]]:
-        """Annotation file and image folder per split, generating the data set if needed."""
-        if self._files is None:
-            self._files = generate_shapes(self.root, image_size=self.image_size, **self.spec)
-        return self._files
-
-    def has_split(self, split: str) -> bool:
-        return split in ("train", "val")
-
-    def score_captions(self, split: str, predictions: dict[int, str]) -> dict[str, float]:
-        """``correctness``: the share of captions whose every stated shape, colour, size, count and
-        relation is true of the drawn scene (`mmtx.data.shapes.caption_is_correct`)."""
-        if split not in self._scenes:  # drawn once per split, not at every validation
-            self.files()
-            self._scenes[split] = shapes_val_scenes(self.root, split)
-        return {"correctness": caption_correctness(predictions, self._scenes[split])}
-
-    def load_records(self, split: str, skipped: list[str]) -> list[CaptionRecord]:
-        if split == "test":
-            raise ValueError("the shapes data set has train and val splits only")
-        return read_coco_captions(*self.files()[split], skipped=skipped)
 
 
 class CocoCaptions(CaptionDataModule):

@@ -1,0 +1,142 @@
+"""Annotation JSON read entry by entry, with errors that name the file and the entry.
+
+What the caption and VQA readers share: `AnnotationError` (a problem, in one line, e.g.
+``captions_val2014.json: annotations[17].caption: expected a string, got null``),
+`EntryProblems` (problems with single entries, raised together or handed to a ``skipped``
+list), typed access to an entry's keys, file names kept inside their image root, and atomic
+writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Any
+
+from mmtx.data.bad_data import listing
+
+
+class AnnotationError(ValueError):
+    """An annotation file is missing, not JSON, or does not have the expected structure."""
+
+
+class EntryProblems:
+    """Problems with single entries of one annotation file: raised together at the end, or
+    handed to the caller's ``skipped`` list (the entries are then left out)."""
+
+    def __init__(self, file: Path, skipped: list[str] | None) -> None:
+        self.file, self.skipped = file, skipped
+        self.found: list[str] = []
+
+    def add(self, problem: AnnotationError | str) -> None:
+        self.found.append(str(problem))
+
+    def finish(self) -> None:
+        """Hand the problems over, or raise them as one AnnotationError."""
+        if self.skipped is not None:
+            self.skipped.extend(self.found)
+        elif len(self.found) == 1:
+            raise AnnotationError(self.found[0])
+        elif self.found:
+            raise AnnotationError(f"{self.file}: {len(self.found)} bad entries:\n{listing(self.found)}")
+
+
+def atomic_write_json(path: Path, document: Any) -> None:
+    """Write JSON next to `path` and rename it into place, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(document, f, ensure_ascii=False)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_json_object(file: Path) -> dict[str, Any]:
+    """The JSON object in ``file``; bytes that are not UTF-8 survive as lone surrogates
+    (``surrogateescape``), so that inside a string they are blamed on that entry alone."""
+    try:
+        text = file.read_bytes().decode("utf-8-sig", errors="surrogateescape")
+    except FileNotFoundError:
+        raise AnnotationError(f"{file}: annotation file not found") from None
+    except OSError as err:
+        raise AnnotationError(f"{file}: cannot read annotation file: {err}") from err
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        position = f"line {err.lineno} column {err.colno}"
+        odd = ord(text[err.pos]) if err.pos < len(text) else 0
+        if 0xDC80 <= odd <= 0xDCFF:  # surrogateescape's stand-in for a byte that is not UTF-8
+            raise AnnotationError(f"{file}: not UTF-8 text at {position} (byte 0x{odd - 0xDC00:02x})") from err
+        raise AnnotationError(f"{file}: invalid JSON at {position}: {err.msg}") from err
+    except RecursionError as err:
+        raise AnnotationError(f"{file}: invalid JSON: nested too deeply") from err
+    except ValueError as err:  # e.g. an integer of more than 4300 digits
+        raise AnnotationError(f"{file}: invalid JSON: {err}") from err
+    return as_object(data, file, "top level")
+
+
+def invalid_text(text: str) -> str | None:
+    """Why ``text`` is not valid Unicode (None if it is): a byte that was not UTF-8, or a
+    lone surrogate from a ``\\ud800``-style escape, which no tokenizer can encode."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        char = ord(text[err.start])
+        if 0xDC80 <= char <= 0xDCFF:  # surrogateescape's stand-in for a raw byte
+            return f"byte 0x{char - 0xDC00:02x} at character {err.start} is not UTF-8"
+        return f"lone surrogate U+{char:04X} at character {err.start} is not valid Unicode"
+    return None
+
+
+def as_object(value: Any, file: Path, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise AnnotationError(f"{file}: {where}: expected a JSON object, got {json_type(value)}")
+    return value
+
+
+def require(entry: dict[str, Any], key: str, kind: type, file: Path, where: str) -> Any:
+    """`entry[key]`, which must exist and be of JSON type `kind` (bool is not an int here)."""
+    label = f"{where}.{key}" if where else key
+    if key not in entry:
+        raise AnnotationError(f"{file}: {label}: missing key {key!r}")
+    value = entry[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise AnnotationError(f"{file}: {label}: expected {_JSON_TYPES[kind]}, got {json_type(value)}")
+    if kind is int and not _INT64[0] <= value <= _INT64[1]:
+        raise AnnotationError(f"{file}: {label}: {value} is out of range (ids are 64-bit integers)")
+    if kind is str and (reason := invalid_text(value)):
+        raise AnnotationError(f"{file}: {label}: {reason}")
+    return value
+
+
+def optional(entry: dict[str, Any], key: str, kind: type, file: Path, where: str) -> Any:
+    return require(entry, key, kind, file, where) if entry.get(key) is not None else None
+
+
+_INT64 = (-(2**63), 2**63 - 1)
+_JSON_TYPES = {int: "an integer", float: "a number", str: "a string", list: "an array", dict: "an object"}
+
+
+def json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def join_inside(root: Path, relative: str, file: Path, where: str) -> Path:
+    """`root / relative`, refusing names that are empty, absolute or climb out with '..'."""
+    if "\0" in relative:
+        raise AnnotationError(f"{file}: {where}: file name {relative!r} contains a NUL byte")
+    for flavour in (PurePosixPath(relative), PureWindowsPath(relative)):
+        if not relative or flavour.is_absolute() or flavour.anchor or ".." in flavour.parts:
+            raise AnnotationError(f"{file}: {where}: file name {relative!r} escapes the image root {root}")
+    return root / relative

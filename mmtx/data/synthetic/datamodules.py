@@ -1,0 +1,83 @@
+"""The embedded data sets as Lightning data modules: shapes scenes with captions or questions,
+drawn under ``root`` on first use and read back with the official-format readers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mmtx.data.captions.datamodule import CaptionDataModule
+from mmtx.data.captions.files import read_coco_captions
+from mmtx.data.synthetic.shapes import Scene, caption_correctness, generate_shapes, shapes_val_scenes
+from mmtx.data.synthetic.shapes_vqa import generate_shapes_vqa
+from mmtx.data.vqa.datamodule import VqaDataModule
+from mmtx.data.vqa.files import read_vqa
+
+
+class GeneratedSplits:
+    """What a data module of drawn scenes adds: its train and val splits are generated under
+    ``root`` (once, in ``prepare_data``) and read like the official files they are written as.
+
+    ``generate(root, image_size=..., **spec)`` returns each split's file arguments for ``read``.
+    """
+
+    generate: Callable[..., dict[str, tuple[Path, ...]]]
+    read: Callable[..., list[Any]]
+
+    def __init__(self, root: str, spec: dict[str, int], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.root, self.spec = Path(root), spec
+        self._files: dict[str, tuple[Path, ...]] | None = None
+
+    def prepare_data(self) -> None:
+        self.files()
+
+    def files(self) -> dict[str, tuple[Path, ...]]:
+        """Each split's files, generating the data set if needed."""
+        if self._files is None:
+            self._files = type(self).generate(self.root, image_size=self.image_size, **self.spec)  # type: ignore[attr-defined]
+        return self._files
+
+    def has_split(self, split: str) -> bool:
+        return split in ("train", "val")
+
+    def load_records(self, split: str, skipped: list[str]) -> list[Any]:
+        if split == "test":
+            raise ValueError(f"the {type(self).__name__} data set has train and val splits only")
+        return type(self).read(*self.files()[split], skipped=skipped)
+
+
+class ShapesCaptions(GeneratedSplits, CaptionDataModule):
+    """The embedded default: procedurally drawn shapes scenes with five captions each."""
+
+    generate, read = staticmethod(generate_shapes), staticmethod(read_coco_captions)
+
+    def __init__(
+        self, root: str, num_train: int = 8000, num_val: int = 500, seed: int = 0,
+        captions_per_image: int = 5, **kwargs: Any,
+    ) -> None:
+        spec = dict(num_train=num_train, num_val=num_val, seed=seed, captions_per_image=captions_per_image)
+        super().__init__(root, spec, **kwargs)
+        self._scenes: dict[str, dict[int, Scene]] = {}  # ground truth of each split's images, by id
+
+    def score_captions(self, split: str, predictions: dict[int, str]) -> dict[str, float]:
+        """``correctness``: the share of captions whose every stated shape, colour, size, count and
+        relation is true of the drawn scene (`mmtx.data.synthetic.shapes.caption_is_correct`)."""
+        if split not in self._scenes:  # drawn once per split, not at every validation
+            self.files()
+            self._scenes[split] = shapes_val_scenes(self.root, split)
+        return {"correctness": caption_correctness(predictions, self._scenes[split])}
+
+
+class ShapesVqa(GeneratedSplits, VqaDataModule):
+    """Questions about shapes scenes, with ten annotator answers each, as VQA v2 files."""
+
+    generate, read = staticmethod(generate_shapes_vqa), staticmethod(read_vqa)
+
+    def __init__(
+        self, root: str, num_train: int = 8000, num_val: int = 500, seed: int = 0,
+        questions_per_image: int = 5, **kwargs: Any,
+    ) -> None:
+        spec = dict(num_train=num_train, num_val=num_val, seed=seed, questions_per_image=questions_per_image)
+        super().__init__(root, spec, **kwargs)
