@@ -86,12 +86,12 @@ class _Stepper:
         """Turn each row into ``k`` rows (beams), reusing the computed state.
 
         With the cache, the beams of a row share its cross-attention keys/values (and context
-        mask) without copies; only the self-attention history is repeated.
+        mask) without copies (attention groups the beams' queries by shape); only the
+        self-attention history is repeated.
         """
         if self.cache is not None:
             for block in self.cache:
                 block.self_kv.repeat_interleave(k)
-                block.cross_kv.repeat_interleave(k)
         else:
             self.context = self.context.repeat_interleave(k, dim=0)
             if self.context_mask is not None:

@@ -162,12 +162,13 @@ def test_grouped_cross_attention_equals_copied_keys_values():
     cache = KVCache(static=True)
     attn(torch.randn(B, 1, 32), ctx, key_padding_mask=mask, cache=cache)  # fills the cache once
     stored = cache.k
-    cache.repeat_interleave(g)
-    assert cache.groups == g and cache.k is stored and cache.k.shape[0] == B  # nothing copied
+    with pytest.raises(ValueError, match="shared by its rows' beams"):
+        cache.repeat_interleave(g)  # beams never copy an image's keys/values
 
     x = torch.randn(B * g, 2, 32)
     copied = attn(x, ctx.repeat_interleave(g, 0), key_padding_mask=mask.repeat_interleave(g, 0))
     torch.testing.assert_close(attn(x, key_padding_mask=mask, cache=cache), copied)
+    assert cache.k is stored and cache.k.shape[0] == B  # nothing copied
     # a mask given per query row (B * g rows) reads the same
     torch.testing.assert_close(attn(x, key_padding_mask=mask.repeat_interleave(g, 0), cache=cache), copied)
     with pytest.raises(ValueError, match="do not divide"):

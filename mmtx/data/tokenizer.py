@@ -1,11 +1,11 @@
 """Caption tokenizer: a thin wrapper over Hugging Face ``tokenizers``.
 
 The wrapper pins down what the rest of mmtx relies on: seven special tokens
-with fixed roles, ``[BOS] ... [EOS]`` framing added by us (never by a file's
-post-processor, so foreign files behave the same as ours), padded batches as
-tensors, and decoding that stops at the first ``[EOS]``. Special ids only ever
-come from that framing and padding: a literal ``"[SEP]"`` inside a caption is
-tokenised as ordinary text.
+with fixed roles, ``[BOS] ... [EOS]`` framing by a post-processor of ours
+(a file's own is replaced, so foreign files behave the same as ours), padded and
+truncated batches as tensors (the library's padding and truncation), and decoding
+that stops at the first ``[EOS]``. Special ids only ever come from that framing
+and padding: a literal ``"[SEP]"`` inside a caption is tokenised as ordinary text.
 
 Special-token roles of a loaded file are resolved by name, first match wins:
 
@@ -40,7 +40,7 @@ from typing import Literal
 
 import tokenizers
 import torch
-from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 __all__ = ["SPECIAL_TOKENS", "Tokenizer", "TokenizerError"]
 
@@ -85,7 +85,7 @@ class Tokenizer:
     """
 
     def __init__(self, backend: tokenizers.Tokenizer) -> None:
-        # We add [BOS]/[EOS] and pad ourselves; a file's own settings would fight that.
+        # Batches get their own truncation and padding (`encode_batch`); a file's would fight that.
         backend.no_truncation()
         backend.no_padding()
         # Text is always text: a caption containing "[EOS]" must not end the sequence.
@@ -100,9 +100,14 @@ class Tokenizer:
             token_id = backend.token_to_id(token)
             assert token_id is not None, token
             ids[role] = token_id
+        bos, eos = backend.id_to_token(ids[BOS]), backend.id_to_token(ids[EOS])
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A {eos}", special_tokens=list({bos: ids[BOS], eos: ids[EOS]}.items())
+        )
         self._backend = backend
         self._ids = ids
         self._vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        self._batch_backends: dict[int, tokenizers.Tokenizer] = {}  # by max_length
 
     # ------------------------------------------------------------------ building
 
@@ -231,7 +236,11 @@ class Tokenizer:
 
     @classmethod
     def _from_vocab_txt(cls, text: str, path: Path, lowercase: bool) -> Tokenizer:
-        """Build BERT's WordPiece tokenizer from a one-token-per-line vocabulary."""
+        """Build BERT's WordPiece tokenizer from a one-token-per-line vocabulary.
+
+        Read here, not by ``WordPiece.from_file``: that keeps the last of two equal tokens
+        without a word and cannot name the line of an empty one, and either would shift ids.
+        """
         # Split on "\n" only, like BERT: vocabularies hold tokens such as "\x85".
         lines = [line.removesuffix("\r") for line in text.removesuffix("\n").split("\n")]
         vocab: dict[str, int] = {}
@@ -345,13 +354,12 @@ class Tokenizer:
     def encode(self, text: str, add_special: bool = True) -> list[int]:
         """Token ids of ``text``, framed as ``[BOS] ... [EOS]`` when ``add_special``."""
         try:
-            ids = self._backend.encode(text, add_special_tokens=False).ids
+            return self._backend.encode(text, add_special_tokens=add_special).ids
         except TypeError as err:  # a lone surrogate ("\ud800") cannot cross into the library
             problem = _invalid_unicode([text])
             if problem is None:
                 raise
             raise TokenizerError(problem) from err
-        return [self.bos_id, *ids, self.eos_id] if add_special else ids
 
     def encode_batch(
         self, texts: Sequence[str], max_length: int
@@ -366,21 +374,27 @@ class Tokenizer:
         if isinstance(texts, str):
             raise TypeError("encode_batch expects a sequence of strings, got a single str")
         try:
-            encodings = self._backend.encode_batch_fast(list(texts), add_special_tokens=False)
+            encodings = self._batch_backend(max_length).encode_batch_fast(list(texts))
         except TypeError as err:  # a lone surrogate ("\ud800") cannot cross into the library
             problem = _invalid_unicode(texts)
             if problem is None:
                 raise
             raise TokenizerError(problem) from err
-        room = max_length - 2
-        bodies = [encoding.ids[:room] for encoding in encodings]
-        width = max((len(body) for body in bodies), default=-2) + 2
-        pad = [self.pad_id] * width
-        rows = [[self.bos_id, *body, self.eos_id, *pad[len(body) + 2 :]] for body in bodies]
-        ids = torch.tensor(rows, dtype=torch.long).reshape(len(rows), width)
-        lengths = torch.tensor([len(body) + 2 for body in bodies], dtype=torch.long)
-        mask = torch.arange(width) < lengths[:, None]
+        width = len(encodings[0].ids) if encodings else 0
+        ids = torch.tensor([e.ids for e in encodings], dtype=torch.long).reshape(len(encodings), width)
+        mask = torch.tensor([e.attention_mask for e in encodings], dtype=torch.bool).reshape(len(encodings), width)
         return ids, mask  # type: ignore[return-value]
+
+    def _batch_backend(self, max_length: int) -> tokenizers.Tokenizer:
+        """A copy of the backend that truncates to ``max_length`` (the framing kept: the text is
+        cut, then framed) and pads each batch to its longest sequence."""
+        if max_length not in self._batch_backends:
+            backend = tokenizers.Tokenizer.from_str(self._backend.to_str())
+            backend.encode_special_tokens = True
+            backend.enable_truncation(max_length)
+            backend.enable_padding(pad_id=self.pad_id, pad_token=backend.id_to_token(self.pad_id))
+            self._batch_backends[max_length] = backend
+        return self._batch_backends[max_length]
 
     # ------------------------------------------------------------------ decoding
 

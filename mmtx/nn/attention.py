@@ -20,11 +20,9 @@ class KVCache:
 
     Self-attention appends each step's keys/values into a buffer preallocated for ``max_length``
     positions (no reallocation per step). Cross-attention stores the context's keys/values once
-    (``static``) and reuses them for every step: they depend on the image only.
-
-    A static cache can serve ``groups`` query rows per stored row (beam search: the beams of one
-    image share its keys/values), so :meth:`repeat_interleave` multiplies ``groups`` instead of
-    copying the keys/values; :class:`Attention` then runs the group's queries as one sequence.
+    (``static``) and reuses them for every step: they depend on the image only. Queries with
+    ``g`` times as many rows as the stored context (the beams of each image) share its rows:
+    :class:`Attention` groups them by shape, so beam search never copies a static cache.
     """
 
     def __init__(self, max_length: int | None = None, static: bool = False) -> None:
@@ -33,7 +31,6 @@ class KVCache:
         self.k: Tensor | None = None  # (B, H, max_length, Dh) buffer, or (B, H, S, Dh) if static
         self.v: Tensor | None = None
         self.length = 0
-        self.groups = 1  # query rows per stored row (static caches only)
         self._spare: tuple[Tensor, Tensor] | None = None  # second buffer that reorder() fills
 
     @property
@@ -42,7 +39,7 @@ class KVCache:
 
     def store(self, k: Tensor, v: Tensor) -> None:
         """Keep a context's keys/values (cross-attention)."""
-        self.k, self.v, self.length, self.groups = k, v, k.shape[2], 1
+        self.k, self.v, self.length = k, v, k.shape[2]
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add ``t`` new positions; return the keys/values of all positions so far."""
@@ -84,18 +81,14 @@ class KVCache:
         self.k, self.v = k, v
 
     def repeat_interleave(self, repeats: int) -> None:
-        """Give every batch row ``repeats`` copies (one per beam).
-
-        A static cache only records that each stored row now serves ``repeats`` query rows.
-        """
+        """Give every batch row ``repeats`` copies (one per beam) of its history."""
+        if self.static:
+            raise ValueError("a static (cross-attention) cache is shared by its rows' beams, never copied")
         if self.k is None:
             return
-        if self.static:
-            self.groups *= repeats
-        else:
-            self.k = self.k.repeat_interleave(repeats, dim=0)
-            self.v = self.v.repeat_interleave(repeats, dim=0)
-            self._spare = None
+        self.k = self.k.repeat_interleave(repeats, dim=0)
+        self.v = self.v.repeat_interleave(repeats, dim=0)
+        self._spare = None
 
 
 def sdpa(
