@@ -77,7 +77,8 @@ def make_datamodule(source: str, args: argparse.Namespace, workers: int, tokeniz
     from mmtx.data.captions import CocoCaptions
     from mmtx.data.synthetic import ShapesCaptions
 
-    common = dict(batch_size=args.batch_size, num_workers=workers, max_length=32, tokenizer=tokenizer)
+    # decoded by the loader every epoch (not held in memory): what this script measures
+    common = dict(batch_size=args.batch_size, num_workers=workers, max_length=32, tokenizer=tokenizer, in_memory=False)
     if source == "shapes":
         root = Path(args.root) / f"shapes-{args.shapes_size}px-{args.shapes_count}"
         return ShapesCaptions(

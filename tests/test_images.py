@@ -1,5 +1,6 @@
 """load_image: every PIL mode becomes upright 8-bit RGB, every broken file an ImageLoadError;
-build_transforms: shape, dtype, normalisation and the (absent) flip."""
+read_image: the same pixels as a tensor, by TorchCodec where it can; build_transforms: shape,
+dtype, normalisation and the (absent) flip."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
-from mmtx.data.images import ALPHA_BACKGROUND, ImageLoadError, load_image
+from mmtx.data import images
+from mmtx.data.images import ALPHA_BACKGROUND, ImageLoadError, load_image, read_image
 from mmtx.data.transforms import IMAGENET_MEAN, IMAGENET_STD, build_transforms
 
 
@@ -118,6 +120,56 @@ def test_missing_empty_truncated_and_non_image_files_name_the_path(tmp_path: Pat
         with pytest.raises(ImageLoadError) as info:
             load_image(path)
         assert str(path) in str(info.value) and reason in str(info.value)
+        assert info.value.path == path
+
+
+def _every_kind_of_file(folder: Path) -> dict[str, tuple[Path, bool]]:
+    """name: (file, whether TorchCodec decodes it) for the modes and formats users have."""
+    rng = np.random.default_rng(1)
+    noise = Image.fromarray(rng.integers(0, 256, (24, 36, 3), dtype=np.uint8))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    alpha = noise.convert("RGBA")
+    alpha.putalpha(Image.fromarray(rng.integers(0, 256, (24, 36), dtype=np.uint8)))
+    palette = noise.convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
+    palette.info["transparency"] = 3
+    deep = Image.fromarray(rng.integers(0, 65536, (24, 36), dtype=np.uint16))
+    return {
+        "rgb jpeg, rotated": (_save(noise, folder / "a.jpg", exif=exif, quality=90), True),
+        "gray jpeg": (_save(noise.convert("L"), folder / "b.jpg"), True),
+        "rgb png": (_save(noise, folder / "c.png"), True),
+        "gray png, rotated": (_save(noise.convert("L"), folder / "d.png", exif=exif), True),
+        "rgba png": (_save(alpha, folder / "e.png"), False),
+        "palette png with transparency": (_save(palette, folder / "f.png"), False),
+        "16-bit png": (_save(deep, folder / "g.png"), False),
+        "cmyk jpeg": (_save(noise.convert("CMYK"), folder / "h.jpg"), False),
+        "webp": (_save(noise, folder / "i.webp"), False),
+    }
+
+
+def test_read_image_gives_load_image_pixels_decoding_photos_with_torchcodec(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = _every_kind_of_file(tmp_path)
+    expected = {name: torch.from_numpy(np.array(load_image(path))).permute(2, 0, 1) for name, (path, _) in files.items()}
+    used_pillow = []
+    monkeypatch.setattr(images, "load_image", lambda path: used_pillow.append(Path(path)) or load_image(path))
+    for name, (path, fast) in files.items():
+        pixels = read_image(path)
+        assert pixels.dtype == torch.uint8 and torch.equal(pixels, expected[name]), name
+        assert (path not in used_pillow) == fast, name
+
+
+def test_read_image_names_the_broken_file(tmp_path: Path) -> None:
+    noise = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    whole = _save(Image.fromarray(noise), tmp_path / "whole.jpg", quality=90).read_bytes()
+    cut = tmp_path / "cut.jpg"
+    cut.write_bytes(whole[: len(whole) // 2])  # the header is intact, half the data is gone
+    text = tmp_path / "notes.png"
+    text.write_text("these are not pixels\n")
+    for path in (cut, text, tmp_path / "missing.jpg"):
+        with pytest.raises(ImageLoadError) as info:
+            read_image(path)
         assert info.value.path == path
 
 

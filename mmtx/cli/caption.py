@@ -9,7 +9,7 @@ from omegaconf import DictConfig
 
 from mmtx.checkpoint import load_task
 from mmtx.cli.common import CONFIG_DIR, friendly_errors, generation_override
-from mmtx.data.images import load_image
+from mmtx.data.images import read_image
 from mmtx.data.transforms import build_transforms
 
 
@@ -21,7 +21,7 @@ def caption_files(cfg: DictConfig) -> list[str]:
     paths = [cfg.images] if isinstance(cfg.images, str) else list(cfg.images)
     captions = []
     for start in range(0, len(paths), cfg.batch_size):
-        batch = torch.stack([transform(load_image(p)) for p in paths[start : start + cfg.batch_size]])
+        batch = torch.stack([transform(read_image(p)) for p in paths[start : start + cfg.batch_size]])
         captions += task.caption(batch.to(cfg.device))
     return captions
 

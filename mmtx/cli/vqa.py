@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from mmtx.checkpoint import CheckpointError, load_task
 from mmtx.cli.common import CONFIG_DIR, friendly_errors
 from mmtx.config_check import ConfigError
-from mmtx.data.images import load_image
+from mmtx.data.images import read_image
 from mmtx.data.transforms import build_transforms
 from mmtx.data.vqa.files import read_vqa
 from mmtx.tasks.vqa import AnswerTask
@@ -27,7 +27,7 @@ def answer_questions(
     results = []
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
-        images = torch.stack([transform(load_image(path)) for path, _ in chunk]).to(task.device)
+        images = torch.stack([transform(read_image(path)) for path, _ in chunk]).to(task.device)
         ids, mask = task.tokenizer.encode_batch([q for _, q in chunk], max_length)
         results += task.answer(images, ids.to(task.device), mask.to(task.device), k=k)
     return results

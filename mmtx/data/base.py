@@ -29,7 +29,7 @@ from mmtx.data.bad_data import (
     check_policy,
     screen,
 )
-from mmtx.data.images import ImageLoadError, load_image
+from mmtx.data.images import ImageLoadError, read_image
 from mmtx.data.memory import ImagesInMemory, fits_in_memory
 from mmtx.data.sampling import SeededDataset, ShardedBatchSampler, position_in_epoch
 from mmtx.data.tokenizer import Tokenizer, TokenizerError
@@ -293,7 +293,7 @@ class ImageTextDataset(Dataset):
         """The transformed image (3, S, S), from memory or decoded from disk."""
         if self.memory is not None:
             return self.normalize(self.memory[path])
-        return self.transform(load_image(path))
+        return self.transform(read_image(path))
 
     def image_path(self, i: int) -> Path:
         raise NotImplementedError

@@ -3,9 +3,12 @@
 Data sets in the wild hold grayscale, palette, alpha, CMYK and 16-bit files, JPEGs whose
 pixels are stored sideways with an EXIF orientation tag, and the odd truncated download.
 `load_image` turns all of them into the one thing the transforms expect, and turns every
-decoder failure into an `ImageLoadError` that says which file broke and why. `check_image` is
-its cheap counterpart for a pre-flight scan (headers, checksums, the end of a JPEG), and
-`scan_images` runs it over a whole split with a progress bar.
+decoder failure into an `ImageLoadError` that says which file broke and why. `read_image` gives
+the same pixels as a uint8 tensor, decoded by TorchCodec (libjpeg-turbo, libpng: PyTorch's image
+decoders, which replace torchvision.io's; ``scripts/bench_decode.py`` times them) wherever that
+decoder gives them — 8-bit RGB and grayscale JPEG and PNG — and by `load_image` otherwise. `check_image` is the cheap
+counterpart for a pre-flight scan (headers, checksums, the end of a JPEG), and `scan_images`
+runs it over a whole split with a progress bar.
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image, ImageOps
+from torchcodec.decoders import decode_image
+from torchvision.transforms.v2.functional import pil_to_tensor
 from tqdm import tqdm
 
 # Transparent pixels are composited onto white: transparent regions in logos, icons and
@@ -29,6 +35,8 @@ _ALPHA_MODES = frozenset({"RGBA", "RGBa", "LA", "La", "PA"})
 _TIFF_BITS_PER_SAMPLE = 258
 _JPEG_END = b"\xff\xd9"  # the EOI marker every complete JPEG ends with (before any zero padding)
 _SCAN_THREADS = 8  # checking is mostly waiting for the disk: threads overlap that
+_FAST_FORMATS = frozenset({"JPEG", "PNG"})  # what TorchCodec decodes to the same pixels ...
+_FAST_MODES = frozenset({"RGB", "L"})  # ... in these 8-bit modes without transparency
 
 
 class ImageLoadError(Exception):
@@ -65,6 +73,32 @@ def load_image(path: str | os.PathLike) -> Image.Image:
         with Image.open(path) as raw:
             raw.load()  # decode now so a truncated file fails here, not inside a worker later
             return _to_rgb(ImageOps.exif_transpose(raw))
+    except Exception as err:
+        raise ImageLoadError(path, f"{type(err).__name__}: {err}") from err
+
+
+def read_image(path: str | os.PathLike) -> torch.Tensor:
+    """The upright 8-bit RGB pixels of `path` as a uint8 tensor (3, H, W): those of `load_image`.
+
+    8-bit RGB or grayscale JPEG and PNG files without transparency (most photos) are decoded by
+    TorchCodec (EXIF orientation applied); every other file by `load_image`.
+
+    Raises:
+        ImageLoadError: as `load_image`.
+    """
+    path = Path(path)
+    problem = _file_problem(path)
+    if problem is not None:
+        raise ImageLoadError(path, problem)
+    try:
+        with Image.open(path) as img:  # the header only
+            fast = img.format in _FAST_FORMATS and img.mode in _FAST_MODES and "transparency" not in img.info
+    except Exception as err:  # as in load_image: decoders raise many types
+        raise ImageLoadError(path, f"{type(err).__name__}: {err}") from err
+    if not fast:
+        return pil_to_tensor(load_image(path))
+    try:
+        return decode_image(path, mode="RGB")
     except Exception as err:
         raise ImageLoadError(path, f"{type(err).__name__}: {err}") from err
 

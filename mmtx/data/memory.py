@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from mmtx.data.images import ImageLoadError, load_image
+from mmtx.data.images import ImageLoadError, read_image
 from mmtx.data.transforms import build_resize
 
 MAX_MEMORY_BYTES = 1024**3  # `in_memory: auto` holds a split whose resized images fit in this
@@ -46,7 +46,7 @@ class ImagesInMemory:
 
         def decode(path: Path) -> Tensor | str:
             try:
-                return resize(load_image(path))
+                return resize(read_image(path))
             except ImageLoadError as err:
                 return err.reason
 
