@@ -68,7 +68,7 @@ def check_eval_config(cfg: DictConfig) -> None:
     given = {k: v for k, v in (cfg.get("generation") or {}).items() if v is not None}
     problems += _generation_problems(given, "generation")
     if isinstance(image_size, int) and image_size > 0 and Path(str(cfg.ckpt)).is_file():
-        model = read_checkpoint(cfg.ckpt).get("hyper_parameters", {}).get("model")
+        model = read_checkpoint(cfg.ckpt, mmap=True).get("hyper_parameters", {}).get("model")
         for path, node in _nodes(model if isinstance(model, dict) else {}, "model"):
             patch = node.get("patch_size") if str(node.get("_target_", "")).endswith("VisionEncoder") else None
             if isinstance(patch, int) and patch > 0 and image_size % patch:

@@ -18,15 +18,13 @@ import torch
 from PIL import Image
 
 from mmtx.checkpoint import TASK_KEY, CheckpointError, check_resume, load_task, read_checkpoint
-from mmtx.data.bad_data import REPORT_FILE, BadDataError, BadDataReport
 from mmtx.data.annotations import AnnotationError
-from mmtx.data.captions import read_coco_captions, read_karpathy
-from mmtx.data.captions import CocoCaptions
+from mmtx.data.bad_data import REPORT_FILE, BadDataError, BadDataReport
+from mmtx.data.captions import CocoCaptions, read_coco_captions, read_karpathy
 from mmtx.data.images import ImageLoadError, check_image, load_image, scan_images
 from mmtx.data.tokenizer import Tokenizer, TokenizerError
 from mmtx.data.transforms import build_transforms
-from mmtx.data.vqa import read_vqa
-from mmtx.data.vqa import VqaV2
+from mmtx.data.vqa import VqaV2, read_vqa
 from tests.bad_inputs import tiny_model_config, write_dirty_coco, write_tiny_checkpoint
 
 

@@ -541,6 +541,24 @@ def test_checkpoints_record_absolute_data_paths_and_eval_names_the_missing_ones(
     )
 
 
+def test_a_checkpoint_recording_a_data_module_this_mmtx_lacks_is_named_with_the_override(
+    cli, tmp_path: Path
+) -> None:
+    """A checkpoint from before a data module moved (say ``mmtx.data.datamodule.CocoCaptions``):
+    one line naming it and the data to give, not a traceback."""
+    from tests.bad_inputs import write_tiny_checkpoint
+
+    ckpt = write_tiny_checkpoint(tmp_path / "old.ckpt")
+    contents = torch.load(ckpt, weights_only=True)
+    old = {"_target_": "mmtx.data.datamodule.CocoCaptions", "image_size": 32, "val": None}
+    torch.save({**contents, DATA_KEY: old}, ckpt)
+    result = cli.run("mmtx-eval", f"ckpt={ckpt}", cwd=tmp_path, check=False)
+    assert result.returncode == 1, cli.describe(result)
+    message = result.stderr.strip()
+    assert len(message.splitlines()) == 1 and message.startswith(f"mmtx: {ckpt} records a data module this mmtx cannot build")
+    assert "mmtx.data.datamodule.CocoCaptions" in message and "data=coco data.val.annotations=FILE" in message
+
+
 # ------------------------------------------------------------------- 5. overrides and multirun
 
 

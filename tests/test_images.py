@@ -5,6 +5,8 @@ dtype, normalisation and the (absent) flip."""
 from __future__ import annotations
 
 import pickle
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -134,6 +136,13 @@ def _every_kind_of_file(folder: Path) -> dict[str, tuple[Path, bool]]:
     palette = noise.convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
     palette.info["transparency"] = 3
     deep = Image.fromarray(rng.integers(0, 65536, (24, 36), dtype=np.uint16))
+    rgb48 = folder / "g48.png"  # 16 bits per channel: Pillow cannot write it, so by hand
+    rows = rng.integers(0, 65536, (24, 36, 3), dtype=np.uint16).astype(">u2")
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    header = struct.pack(">IIBBBBB", 36, 24, 16, 2, 0, 0, 0)
+    pixels = zlib.compress(b"".join(b"\0" + row.tobytes() for row in rows))
+    rgb48.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b""))
     return {
         "rgb jpeg, rotated": (_save(noise, folder / "a.jpg", exif=exif, quality=90), True),
         "gray jpeg": (_save(noise.convert("L"), folder / "b.jpg"), True),
@@ -142,6 +151,7 @@ def _every_kind_of_file(folder: Path) -> dict[str, tuple[Path, bool]]:
         "rgba png": (_save(alpha, folder / "e.png"), False),
         "palette png with transparency": (_save(palette, folder / "f.png"), False),
         "16-bit png": (_save(deep, folder / "g.png"), False),
+        "48-bit rgb png": (rgb48, False),
         "cmyk jpeg": (_save(noise.convert("CMYK"), folder / "h.jpg"), False),
         "webp": (_save(noise, folder / "i.webp"), False),
     }

@@ -9,8 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from mmtx.data.bad_data import FAILURES_KEY, DecodeFailures
-from mmtx.data.bad_data import BadDataReport
+from mmtx.data.bad_data import FAILURES_KEY, BadDataReport, DecodeFailures
 from mmtx.data.captions import CaptionRecord
 from mmtx.data.captions.datamodule import CaptionDataset
 from mmtx.data.images import ImageLoadError

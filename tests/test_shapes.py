@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from mmtx.data.synthetic import shapes
 from mmtx.data.captions import read_coco_captions
+from mmtx.data.synthetic import shapes
 from mmtx.data.synthetic.shapes import (
     COLORS,
     MAX_CAPTION_WORDS,

@@ -6,12 +6,13 @@ import json
 from pathlib import Path
 
 import hydra
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from mmtx.checkpoint import CheckpointError, load_task
-from mmtx.config_check import ConfigError, check_eval_config
 from mmtx.cli.common import CONFIG_DIR, DATA_FILE_KEYS, friendly_errors, generation_override, make_trainer, to_container
+from mmtx.config_check import ConfigError, check_eval_config
 from mmtx.metrics.table import format_metrics_table
 
 
@@ -29,7 +30,19 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if task.generation is not None:  # tasks that write text: captioning, generative VQA
         task.generation = generation_override(task.generation, cfg.generation)
 
-    datamodule = instantiate(data_cfg, tokenizer=task.tokenizer, val_split=cfg.split)
+    try:
+        datamodule = instantiate(data_cfg, tokenizer=task.tokenizer, val_split=cfg.split)
+    except InstantiationException as e:
+        if cfg.get("data"):
+            raise
+        root: BaseException = e  # the import or constructor error under Hydra's wrappers
+        while root.__cause__ is not None:
+            root = root.__cause__
+        raise ConfigError(
+            f"{cfg.ckpt} records a data module this mmtx cannot build ({data_cfg['_target_']}: "
+            f"{type(root).__name__}: {root}); "
+            f"give the data to evaluate on, e.g. data=coco data.{cfg.split}.annotations=FILE data.{cfg.split}.images=DIR"
+        ) from e
     datamodule.prepare_data()
     if not datamodule.has_split(cfg.split):
         raise ConfigError(f"split={cfg.split}: the data config has no files for it (set data.{cfg.split}.*)")

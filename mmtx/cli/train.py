@@ -6,8 +6,8 @@ import functools
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import hydra
 import lightning as L
@@ -17,8 +17,6 @@ from omegaconf import DictConfig
 
 from mmtx.callbacks import Preempted
 from mmtx.checkpoint import check_resume, init_from, read_checkpoint
-from mmtx.compile import compile_blocks
-from mmtx.config_check import check_train_config
 from mmtx.cli.common import (
     CONFIG_DIR,
     absolute_data_paths,
@@ -28,6 +26,8 @@ from mmtx.cli.common import (
     make_trainer,
     to_container,
 )
+from mmtx.compile import compile_blocks
+from mmtx.config_check import check_train_config
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.metrics.table import format_metrics_table
 
@@ -40,14 +40,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    # each checkpoint is read once, here (a resumed one memory-mapped: its settings, not its state)
+    # mmtx reads each checkpoint once, here (a resumed one memory-mapped: its settings, not its
+    # state); Lightning reads the resumed one again in fit, to restore it
     resumed = read_checkpoint(cfg.ckpt_path, mmap=True) if cfg.ckpt_path else None
     if resumed:
         check_resume(resumed, cfg.ckpt_path, cfg.task._target_, to_container(cfg.model))
     start = read_checkpoint(cfg.init_from) if cfg.init_from else None
     datamodule = instantiate(cfg.data, tokenizer=run_tokenizer(cfg, resumed, start))
     datamodule.prepare_data()
-    datamodule.setup("fit")  # every split read and screened (and the tokenizer learned) before the model
+    datamodule.setup("fit")  # train and val read and screened, the tokenizer learned, before the model
     tokenizer = datamodule.tokenizer
     if int(os.environ.get("LOCAL_RANK", 0)) == 0:  # one writer per machine
         tokenizer.save(out / "tokenizer.json")
@@ -99,7 +100,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     return metrics
 
 
-def run_tokenizer(cfg: DictConfig, resumed: dict | None, start: dict | None) -> Tokenizer | Callable:
+def run_tokenizer(
+    cfg: DictConfig, resumed: dict | None, start: dict | None
+) -> Tokenizer | Callable[[list[str]], Tokenizer]:
     """The run's tokenizer: a resumed run's own; else ``tokenizer.path``; else the ``init_from``
     checkpoint's (its embeddings index it); else how the data module learns one from its
     training text."""

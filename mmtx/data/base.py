@@ -10,8 +10,9 @@ listed in each batch (``image_failures``) instead of as a crash inside the worke
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import lightning as L
 import torch
@@ -47,6 +48,22 @@ def split_files(splits: dict[str, dict | None], split: str, needed: tuple[str, .
     if missing:
         raise ValueError(f"data.{split}.{missing[0]} is not set (needed to read the {split} split)")
     return files
+
+
+class FileSplits:
+    """What a data module of the user's files adds: ``data.<split>`` names each split's files
+    (``train``, ``val``, ``test``: ``{key: path}``); a split is there when its ``index_file`` is."""
+
+    index_file: str  # the key whose file lists a split's examples
+
+    def __init__(self, train: dict | None = None, val: dict | None = None, test: dict | None = None,
+                 **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(**kwargs)
+        self.splits = {"train": train, "val": val, "test": test}
+
+    def has_split(self, split: str) -> bool:
+        files = self.splits.get(split)
+        return bool(files and files.get(self.index_file))
 
 
 class ImageTextDataModule(L.LightningDataModule):
@@ -106,6 +123,8 @@ class ImageTextDataModule(L.LightningDataModule):
         self.crop_scale = tuple(crop_scale) if crop_scale else None
         self.on_bad_image = check_policy(on_bad_image, "data.on_bad_image")
         self.on_bad_annotation = check_policy(on_bad_annotation or on_bad_image, "data.on_bad_annotation")
+        if not (tokenizer is None or isinstance(tokenizer, Tokenizer) or callable(tokenizer)):
+            raise TypeError(f"tokenizer must be a Tokenizer or a function that learns one, got {type(tokenizer).__name__}")
         self.tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else None
         self._learn_tokenizer = None if isinstance(tokenizer, Tokenizer) else tokenizer
         self.datasets: dict[str, Dataset] = {}
@@ -158,15 +177,17 @@ class ImageTextDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         """Read, screen and (where asked) decode the stage's splits; for ``fit``, learn the
         tokenizer first when the module was given a function to learn it."""
-        if (stage or "fit") == "fit" and self.tokenizer is None and self._learn_tokenizer is not None:
+        stage = stage or "fit"
+        if stage == "fit" and self.tokenizer is None and self._learn_tokenizer is not None:
             texts = self.texts("train")
             if not texts:
                 raise TokenizerError("the training split has no text to learn a vocabulary from; set tokenizer.path")
             self.tokenizer = self._learn_tokenizer(texts)
-        wanted = {"fit": ("train", "val"), "validate": (self.val_split,), "test": ("test",)}.get(stage or "fit", ())
-        for split in wanted:
+        # (split, built for training): only fit trains; mmtx-eval split=train evaluates the split as it is
+        wanted = {"fit": (("train", True), (self.val_split, False)), "validate": ((self.val_split, False),),
+                  "test": (("test", False),)}.get(stage, ())  # fmt: skip
+        for split, train in wanted:
             if split not in self.datasets and self.has_split(split):
-                train = split == "train"
                 transform = build_transforms(self.image_size, train=train, crop_scale=self.crop_scale)
                 self.datasets[split] = self.make_dataset(self.records(split), transform, train)
                 self._keep_in_memory(split, train)
@@ -197,7 +218,8 @@ class ImageTextDataModule(L.LightningDataModule):
     def _loader(self, split: str, train: bool) -> DataLoader:
         self.setup("fit" if train else "test" if split == "test" else "validate")
         if self.tokenizer is None:
-            raise RuntimeError(f"{type(self).__name__} was built without a tokenizer (tokenizer=...)")
+            raise RuntimeError(f"{type(self).__name__} has no tokenizer: give it one (tokenizer=...), or a function "
+                               "that learns one and call setup('fit') first")
         self._report_long_texts(split)
         trainer = self.trainer  # None outside a Trainer
         sampler = ShardedBatchSampler(

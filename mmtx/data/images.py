@@ -92,7 +92,7 @@ def read_image(path: str | os.PathLike) -> torch.Tensor:
         raise ImageLoadError(path, problem)
     try:
         with Image.open(path) as img:  # the header only
-            fast = img.format in _FAST_FORMATS and img.mode in _FAST_MODES and "transparency" not in img.info
+            fast = _decoded_alike(img)
     except Exception as err:  # as in load_image: decoders raise many types
         raise ImageLoadError(path, f"{type(err).__name__}: {err}") from err
     if not fast:
@@ -101,6 +101,16 @@ def read_image(path: str | os.PathLike) -> torch.Tensor:
         return decode_image(path, mode="RGB")
     except Exception as err:
         raise ImageLoadError(path, f"{type(err).__name__}: {err}") from err
+
+
+def _decoded_alike(img: Image.Image) -> bool:
+    """Whether TorchCodec decodes the opened (not loaded) ``img`` to `load_image`'s pixels: 8-bit
+    RGB or grayscale JPEG and PNG without transparency. A 16-bit RGB PNG also opens as mode RGB,
+    but its raw mode ("RGB;16B") says so: the two decoders round its samples to 8 bits apart."""
+    if img.format not in _FAST_FORMATS or img.mode not in _FAST_MODES or "transparency" in img.info:
+        return False
+    args = img.tile[0].args if img.tile else None
+    return (args[0] if isinstance(args, tuple) else args) == img.mode
 
 
 def check_image(path: str | os.PathLike) -> str | None:

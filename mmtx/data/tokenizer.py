@@ -80,8 +80,10 @@ class Tokenizer:
 
     Build one with :meth:`train`, :meth:`from_file` or :meth:`from_str`. The
     constructor takes any backend (and adapts it in place: no truncation or
-    padding, role tokens registered as special) and resolves roles as the
-    module docstring describes. Instances pickle, for DataLoader workers.
+    padding, role tokens registered as special, our ``[BOS] $A [EOS]``
+    post-processor, which ``to_str`` and saved files then carry) and resolves
+    roles as the module docstring describes. Instances pickle, for DataLoader
+    workers.
     """
 
     def __init__(self, backend: tokenizers.Tokenizer) -> None:

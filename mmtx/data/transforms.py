@@ -1,4 +1,6 @@
-"""Image preprocessing: an RGB PIL image in, a normalised (3, S, S) float tensor out.
+"""Image preprocessing: RGB pixels in (a uint8 (3, H, W) tensor from `read_image`, or a PIL
+image), a normalised (3, S, S) float tensor out. Tensors and PIL images are resized by different
+bicubic kernels (torch's antialiased one, Pillow's), so training and inference both read tensors.
 
 There is deliberately no horizontal flip, even for training: captions and questions talk
 about "left of" and "right of", and a flip would silently make them false.
@@ -22,7 +24,7 @@ def build_transforms(
     std: Sequence[float] = IMAGENET_STD,
     crop_scale: tuple[float, float] | None = None,
 ) -> v2.Compose:
-    """Build the pipeline PIL RGB -> float32 tensor (3, image_size, image_size), normalised.
+    """Build the pipeline RGB pixels -> float32 tensor (3, image_size, image_size), normalised.
 
     The image is squashed to a square (no aspect-preserving crop, so nothing a caption
     mentions is cut away). With `train=True` and a `crop_scale=(lo, hi)`, a
@@ -51,7 +53,7 @@ def build_transforms(
 
 
 def build_resize(image_size: int) -> v2.Compose:
-    """The deterministic first half of the evaluation pipeline: PIL RGB -> uint8 (3, S, S).
+    """The deterministic first half of the evaluation pipeline: RGB pixels -> uint8 (3, S, S).
 
     Together with `build_normalize` it gives exactly ``build_transforms(image_size, train=False)``;
     a data set that keeps its images in memory stores this half's output.

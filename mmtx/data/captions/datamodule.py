@@ -12,9 +12,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from mmtx.data.bad_data import Policy
-from mmtx.data.bad_data import FAILURES_KEY
-from mmtx.data.base import ImageTextDataModule, ImageTextDataset, split_files
+from mmtx.data.bad_data import FAILURES_KEY, Policy
+from mmtx.data.base import FileSplits, ImageTextDataModule, ImageTextDataset, split_files
 from mmtx.data.captions.files import CaptionRecord, read_coco_captions, read_karpathy
 from mmtx.data.tokenizer import Tokenizer
 
@@ -100,18 +99,10 @@ class CaptionDataModule(ImageTextDataModule):
         return [(f"image {r.image_id} caption {k}", c) for r in self.records(split) for k, c in enumerate(r.captions)]
 
 
-class CocoCaptions(CaptionDataModule):
+class CocoCaptions(FileSplits, CaptionDataModule):
     """Official COCO captions files: ``{split: {annotations: captions_*.json, images: folder}}``."""
 
-    def __init__(
-        self, train: dict | None = None, val: dict | None = None, test: dict | None = None, **kwargs: Any
-    ) -> None:
-        super().__init__(**kwargs)
-        self.splits = {"train": train, "val": val, "test": test}
-
-    def has_split(self, split: str) -> bool:
-        files = self.splits.get(split)
-        return bool(files and files.get("annotations"))
+    index_file = "annotations"
 
     def load_records(self, split: str, skipped: list[str]) -> list[CaptionRecord]:
         files = split_files(self.splits, split, ("annotations", "images"))

@@ -36,7 +36,7 @@ class GeneratedSplits:
     def files(self) -> dict[str, tuple[Path, ...]]:
         """Each split's files, generating the data set if needed."""
         if self._files is None:
-            self._files = type(self).generate(self.root, image_size=self.image_size, **self.spec)  # type: ignore[attr-defined]
+            self._files = self.generate(self.root, image_size=self.image_size, **self.spec)  # type: ignore[attr-defined]
         return self._files
 
     def has_split(self, split: str) -> bool:
@@ -45,7 +45,7 @@ class GeneratedSplits:
     def load_records(self, split: str, skipped: list[str]) -> list[Any]:
         if split == "test":
             raise ValueError(f"the {type(self).__name__} data set has train and val splits only")
-        return type(self).read(*self.files()[split], skipped=skipped)
+        return self.read(*self.files()[split], skipped=skipped)
 
 
 class ShapesCaptions(GeneratedSplits, CaptionDataModule):

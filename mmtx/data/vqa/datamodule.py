@@ -8,9 +8,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from mmtx.data.bad_data import Policy
-from mmtx.data.bad_data import FAILURES_KEY
-from mmtx.data.base import ImageTextDataModule, ImageTextDataset, split_files
+from mmtx.data.bad_data import FAILURES_KEY, Policy
+from mmtx.data.base import FileSplits, ImageTextDataModule, ImageTextDataset, split_files
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.data.vqa.files import VqaRecord, read_vqa
 
@@ -84,18 +83,10 @@ class VqaDataModule(ImageTextDataModule):
         return [list(r.answers) for r in self.records(split) if r.answers]
 
 
-class VqaV2(VqaDataModule):
+class VqaV2(FileSplits, VqaDataModule):
     """Official VQA v2 files: ``{split: {questions, annotations, images}}`` (test: no annotations)."""
 
-    def __init__(
-        self, train: dict | None = None, val: dict | None = None, test: dict | None = None, **kwargs: Any
-    ) -> None:
-        super().__init__(**kwargs)
-        self.splits = {"train": train, "val": val, "test": test}
-
-    def has_split(self, split: str) -> bool:
-        files = self.splits.get(split)
-        return bool(files and files.get("questions"))
+    index_file = "questions"
 
     def load_records(self, split: str, skipped: list[str]) -> list[VqaRecord]:
         needed = ("questions", "images") if split == "test" else ("questions", "annotations", "images")
