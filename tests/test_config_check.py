@@ -37,6 +37,7 @@ def _problems(cfg: DictConfig, check=check_train_config) -> str:
     "choices",
     [[], ["task=pretrain"], ["task=vqa"], ["task=vqa_generative"], ["experiment=caption_coco", *(f"data.{s}.{f}=x" for s in ("train", "val") for f in ("annotations", "images"))],
      ["experiment=pretrain_shapes"], ["experiment=vqa_shapes"], ["data=karpathy", "data.annotations=a", "data.images=b"],
+     ["data=pairs", *(f"data.{s}.{f}=x" for s in ("train", "val") for f in ("file", "images"))],
      ["model=caption_pretrained", "model.encoder.pretrained=vit", "model.decoder.pretrained=gpt2"],
      ["model.encoder.pos_embed=rope", "model.decoder.pos_embed=sinusoidal"]],
 )  # fmt: skip

@@ -82,7 +82,7 @@ def friendly_errors(fn: Callable[[DictConfig], Any]) -> Callable[[DictConfig], A
     return wrapper
 
 
-DATA_FILE_KEYS = ("annotations", "images", "questions")  # the user's files in a data config
+DATA_FILE_KEYS = ("annotations", "images", "questions", "file")  # the user's files in a data config
 
 
 def absolute_data_paths(data: DictConfig) -> None:

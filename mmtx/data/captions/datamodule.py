@@ -14,7 +14,7 @@ from torch.utils.data import Dataset
 
 from mmtx.data.bad_data import FAILURES_KEY, Policy
 from mmtx.data.base import FileSplits, ImageTextDataModule, ImageTextDataset, split_files
-from mmtx.data.captions.files import CaptionRecord, read_coco_captions, read_karpathy
+from mmtx.data.captions.files import CaptionRecord, read_coco_captions, read_karpathy, read_pairs
 from mmtx.data.tokenizer import Tokenizer
 
 
@@ -107,6 +107,16 @@ class CocoCaptions(FileSplits, CaptionDataModule):
     def load_records(self, split: str, skipped: list[str]) -> list[CaptionRecord]:
         files = split_files(self.splits, split, ("annotations", "images"))
         return read_coco_captions(files["annotations"], files["images"], skipped=skipped)
+
+
+class PairsCaptions(FileSplits, CaptionDataModule):
+    """Your own pairs: ``{split: {file: a .jsonl or .csv of image + caption rows, images: folder}}``."""
+
+    index_file = "file"
+
+    def load_records(self, split: str, skipped: list[str]) -> list[CaptionRecord]:
+        files = split_files(self.splits, split, ("file", "images"))
+        return read_pairs(files["file"], files["images"], skipped=skipped)
 
 
 class KarpathyCaptions(CaptionDataModule):

@@ -13,8 +13,11 @@ Image files are not opened or checked for existence here.
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ from mmtx.data.annotations import (
     atomic_write_json,
     invalid_text,
     join_inside,
+    json_type,
     load_json_object,
     optional,
     require,
@@ -96,6 +100,64 @@ def read_coco_captions(
 
     problems.finish()
     return [CaptionRecord(image_id, paths[image_id], tuple(captions[image_id])) for image_id in sorted(paths)]
+
+
+def read_pairs(
+    file: str | os.PathLike, images: str | os.PathLike, skipped: list[str] | None = None
+) -> list[CaptionRecord]:
+    """Read a file of (image, caption) rows: JSONL (one object per line) or CSV (a header row).
+
+    ``image`` is a path relative to ``images``; ``caption`` a string, or in JSONL a list of
+    strings. Rows naming the same image add to its captions; image ids are 1, 2, ... in order of
+    first appearance. Bad rows (named by line) raise or are skipped as in `read_coco_captions`.
+    """
+    file, root = Path(file), Path(images)
+    if file.suffix.lower() not in (".jsonl", ".csv"):
+        raise AnnotationError(f"{file}: a pairs file is .jsonl or .csv, not {file.suffix or 'without a suffix'}")
+    problems = EntryProblems(file, skipped)
+    captions: dict[Path, list[str]] = {}
+    for where, row in _rows(file):
+        try:
+            if isinstance(row, AnnotationError):
+                raise row
+            row = as_object(row, file, where)
+            path = join_inside(root, require(row, "image", str, file, where), file, f"{where}.image")
+            given = row.get("caption")
+            texts = given if isinstance(given, list) and given else [require(row, "caption", str, file, where)]
+            for k, text in enumerate(texts):  # a list's items: strings of valid text, as `require` checks one
+                if not isinstance(text, str) or invalid_text(text):
+                    problem = invalid_text(text) if isinstance(text, str) else f"expected a string, got {json_type(text)}"
+                    raise AnnotationError(f"{file}: {where}.caption[{k}]: {problem}")
+            cleaned = [_clean_caption(t, file, f"{where}.caption") for t in texts]
+            captions.setdefault(path, []).extend(cleaned)
+        except AnnotationError as err:
+            problems.add(err)
+    problems.finish()
+    return [CaptionRecord(k + 1, path, tuple(texts)) for k, (path, texts) in enumerate(captions.items())]
+
+
+def _rows(file: Path) -> Iterator[tuple[str, Any]]:
+    """("line N", row) for each row of a JSONL or CSV file; a JSONL line that is not JSON gives
+    its `AnnotationError` as the row, to be reported with the other bad rows."""
+    try:
+        text = file.read_bytes().decode("utf-8-sig", errors="surrogateescape")
+    except FileNotFoundError:
+        raise AnnotationError(f"{file}: pairs file not found") from None
+    except OSError as err:
+        raise AnnotationError(f"{file}: cannot read pairs file: {err}") from err
+    if file.suffix.lower() == ".csv":
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        if not reader.fieldnames or not {"image", "caption"} <= set(reader.fieldnames):
+            raise AnnotationError(f"{file}: the CSV header must name the columns image and caption")
+        for row in reader:
+            yield f"line {reader.line_num}", row
+        return
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                yield f"line {number}", json.loads(line)
+            except ValueError as err:
+                yield f"line {number}", AnnotationError(f"{file}: line {number}: invalid JSON: {err}")
 
 
 def read_karpathy(
