@@ -74,7 +74,7 @@ def test_your_own_data_recipe_runs_as_written(cli, tmp_path: Path) -> None:
     """Train, evaluate, caption, export and caption from the export, then the Python example."""
     write_photos(tmp_path)
     text = section("Your own data")
-    (shell,) = code_blocks(text, "bash")
+    shell = code_blocks(text, "bash")[0]  # the recipe; the next block shows data=pairs (tests/test_pairs.py)
     (python,) = code_blocks(text, "python")
     commands = shell_commands(shell)
     assert [c[0] for c in commands] == ["mmtx-train", "mmtx-eval", "mmtx-caption", "mmtx-export", "mmtx-caption"]
