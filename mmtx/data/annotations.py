@@ -56,15 +56,20 @@ def atomic_write_json(path: Path, document: Any) -> None:
         raise
 
 
-def load_json_object(file: Path) -> dict[str, Any]:
-    """The JSON object in ``file``; bytes that are not UTF-8 survive as lone surrogates
+def read_text(file: Path, what: str = "annotation file") -> str:
+    """The text of ``file``; bytes that are not UTF-8 survive as lone surrogates
     (``surrogateescape``), so that inside a string they are blamed on that entry alone."""
     try:
-        text = file.read_bytes().decode("utf-8-sig", errors="surrogateescape")
+        return file.read_bytes().decode("utf-8-sig", errors="surrogateescape")
     except FileNotFoundError:
-        raise AnnotationError(f"{file}: annotation file not found") from None
+        raise AnnotationError(f"{file}: {what} not found") from None
     except OSError as err:
-        raise AnnotationError(f"{file}: cannot read annotation file: {err}") from err
+        raise AnnotationError(f"{file}: cannot read {what}: {err}") from err
+
+
+def load_json_object(file: Path) -> dict[str, Any]:
+    """The JSON object in ``file`` (its text as `read_text` gives it)."""
+    text = read_text(file)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:

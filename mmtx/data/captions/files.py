@@ -32,6 +32,7 @@ from mmtx.data.annotations import (
     json_type,
     load_json_object,
     optional,
+    read_text,
     require,
 )
 from mmtx.data.bad_data import listing
@@ -139,12 +140,7 @@ def read_pairs(
 def _rows(file: Path) -> Iterator[tuple[str, Any]]:
     """("line N", row) for each row of a JSONL or CSV file; a JSONL line that is not JSON gives
     its `AnnotationError` as the row, to be reported with the other bad rows."""
-    try:
-        text = file.read_bytes().decode("utf-8-sig", errors="surrogateescape")
-    except FileNotFoundError:
-        raise AnnotationError(f"{file}: pairs file not found") from None
-    except OSError as err:
-        raise AnnotationError(f"{file}: cannot read pairs file: {err}") from err
+    text = read_text(file, "pairs file")
     if file.suffix.lower() == ".csv":
         reader = csv.DictReader(io.StringIO(text, newline=""))
         if not reader.fieldnames or not {"image", "caption"} <= set(reader.fieldnames):
