@@ -95,14 +95,20 @@ def load_task(path: str | Path, map_location: str | torch.device = "cpu") -> L.L
     return task_from_checkpoint(read_checkpoint(path), path).to(map_location).eval()
 
 
-def task_from_checkpoint(ckpt: dict[str, Any], path: str | Path) -> L.LightningModule:
-    """The task that wrote the already-read checkpoint ``ckpt``, with its weights."""
+def rebuild_task(ckpt: dict[str, Any], path: str | Path) -> L.LightningModule:
+    """The task that wrote the already-read checkpoint ``ckpt``, built from its settings, without
+    its weights (under ``torch.device("meta")``: no memory, no time)."""
     cls = task_class(ckpt, path)
-    hparams, state = _entry(ckpt, "hyper_parameters", path), _entry(ckpt, "state_dict", path)
     try:
-        task = cls(**hparams, data_config=ckpt.get(DATA_KEY))
+        return cls(**_entry(ckpt, "hyper_parameters", path), data_config=ckpt.get(DATA_KEY))
     except Exception as e:
         raise CheckpointError(f"{path}: cannot rebuild {cls.__name__} from its hyper_parameters: {e}") from e
+
+
+def task_from_checkpoint(ckpt: dict[str, Any], path: str | Path) -> L.LightningModule:
+    """The task that wrote the already-read checkpoint ``ckpt``, with its weights."""
+    task = rebuild_task(ckpt, path)
+    cls, state = type(task), _entry(ckpt, "state_dict", path)
     mismatched = _shape_mismatches(task.state_dict(), state)
     if mismatched:
         raise CheckpointError(f"{path} does not match {cls.__name__}:\n{listing(mismatched)}")

@@ -55,7 +55,7 @@ class GenerationConfig:
         }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
-            raise ValueError(f"invalid generation settings: {', '.join(f'{k}={getattr(self, k)}' for k in bad)}")
+            raise ValueError(f"generation: invalid settings: {', '.join(f'{k}={getattr(self, k)}' for k in bad)}")
         if self.do_sample and self.num_beams > 1:
             raise ValueError("generation: choose do_sample=true or num_beams>1, not both")
 

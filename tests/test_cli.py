@@ -521,8 +521,8 @@ def test_checkpoints_record_absolute_data_paths_and_eval_names_the_missing_ones(
     from tests.bad_inputs import write_tiny_checkpoint
 
     monkeypatch.chdir(tmp_path)
-    cfg = compose_train(["data=coco", *(f"data.{s}.{f}=mydata/{s}_{f}" for s in ("train", "val")
-                                        for f in ("annotations", "images"))])  # fmt: skip
+    cfg = compose_train(["data=coco", "data.max_length=24", *(f"data.{s}.{f}=mydata/{s}_{f}" for s in ("train", "val")
+                                        for f in ("annotations", "images"))])  # fmt: skip (24: the tiny model's)
     absolute_data_paths(cfg.data)
     assert cfg.data.val.annotations == str(tmp_path / "mydata" / "val_annotations")
     assert cfg.data.train.images == str(tmp_path / "mydata" / "train_images")

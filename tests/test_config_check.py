@@ -3,11 +3,13 @@ message that names the key and the values allowed; unknown group options are Hyd
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import MissingConfigException
 from omegaconf import DictConfig
 
@@ -15,11 +17,21 @@ from mmtx.checkpoint import CheckpointError
 from mmtx.cli.common import CONFIG_DIR, USER_ERRORS
 from mmtx.config_check import ConfigError, check_eval_config, check_train_config
 from tests.bad_inputs import write_tiny_checkpoint
-from tests.helpers import compose_train, train_in_process
+from tests.helpers import compose_train, train_in_process, write_gpt2, write_vit
+
+
+@pytest.fixture(autouse=True)
+def _no_hydra_config_left() -> Iterator[None]:
+    yield
+    HydraConfig.instance().cfg = None  # type: ignore[assignment]
 
 
 def _train_cfg(*overrides: str) -> DictConfig:
-    return compose_train([*overrides, "paths.output_dir=/unused"])
+    """The config as ``mmtx-train`` gets it; HydraConfig set, as ``@hydra.main`` sets it, for the
+    ``${hydra:...}`` paths the checks resolve when they build the data module."""
+    cfg = compose_train([*overrides, "paths.output_dir=/unused"])
+    HydraConfig.instance().set_config(cfg)
+    return cfg
 
 
 def _eval_cfg(*overrides: str) -> DictConfig:
@@ -38,12 +50,23 @@ def _problems(cfg: DictConfig, check=check_train_config) -> str:
     [[], ["task=pretrain"], ["task=vqa"], ["task=vqa_generative"], ["experiment=caption_coco", *(f"data.{s}.{f}=x" for s in ("train", "val") for f in ("annotations", "images"))],
      ["experiment=pretrain_shapes"], ["experiment=vqa_shapes"], ["data=karpathy", "data.annotations=a", "data.images=b"],
      ["data=pairs", *(f"data.{s}.{f}=x" for s in ("train", "val") for f in ("file", "images"))],
-     ["model=caption_pretrained", "model.encoder.pretrained=vit", "model.decoder.pretrained=gpt2"],
      ["model.encoder.pos_embed=rope", "model.decoder.pos_embed=sinusoidal"]],
 )  # fmt: skip
 def test_the_shipped_configs_pass(choices: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # the GPU recipes, as on a GPU machine
     check_train_config(_train_cfg(*choices))
+
+
+def test_the_pretrained_captioner_config_passes_and_a_missing_weights_file_is_named(tmp_path: Path) -> None:
+    """The task is built to check it, so ``model=caption_pretrained`` reads its (tiny) files."""
+    transformers = pytest.importorskip("transformers", reason="transformers writes the pretrained files")
+    write_vit(tmp_path / "vit", transformers)
+    write_gpt2(tmp_path / "gpt2", transformers, ["a red circle", "two blue squares"])
+    given = ["model=caption_pretrained", f"model.encoder.pretrained={tmp_path / 'vit'}", "model.encoder.dim=32",
+             f"model.decoder.pretrained={tmp_path / 'gpt2'}", f"tokenizer.path={tmp_path / 'gpt2'}", "data.max_length=16"]  # fmt: skip
+    check_train_config(_train_cfg(*given))
+    message = _problems(_train_cfg(*given, f"model.encoder.pretrained={tmp_path / 'nope'}"))
+    assert f"model.encoder: pretrained weights not found: {tmp_path / 'nope'}" in message
 
 
 @pytest.mark.parametrize(
@@ -59,7 +82,8 @@ def test_the_shipped_configs_pass(choices: list[str], monkeypatch: pytest.Monkey
          "(allowed: a multiple of 16: 16, 32, 48, ...)"),
         (["data=coco", "data.image_size=8", "model.encoder.patch_size=16"],
          "model.encoder.image_size=8 (set by data.image_size) is smaller than model.encoder.patch_size=16"),
-        (["data.image_size=16"], "data.image_size=16 is below 32, the smallest shapes scenes"),
+        (["data.image_size=16"], "data.image_size=16 must be an integer >= 32"),
+        (["data.num_val=-3"], "data.num_val=-3 must be an integer in [0, 9999999]"),
         (["data.batch_size=0"], "data.batch_size=0 must be a positive integer"),
         (["data.max_length=2"], "data.max_length=2 must be an integer >= 3"),
         (["data.num_workers=-1"], "data.num_workers=-1 must be an integer >= 0"),
@@ -68,16 +92,18 @@ def test_the_shipped_configs_pass(choices: list[str], monkeypatch: pytest.Monkey
         (["data.on_bad_annotation=warn"], "data.on_bad_annotation='warn' is not one of error, skip"),
         (["model.encoder.pos_embed=alibi"], "model.encoder.pos_embed='alibi' is not one of learned, sinusoidal, rope"),
         (["model.encoder.pos_embed=rope", "model.encoder.num_heads=32"],
-         "model.encoder.pos_embed=rope needs a head width (model.encoder.dim / model.encoder.num_heads = 6) divisible by 4"),
+         "model.encoder.pos_embed=rope needs a head width (dim / num_heads = 6) divisible by 4"),
+        (["model.decoder.pos_embed=sinusoidal", "model.decoder.dim=195", "model.decoder.num_heads=3"],
+         "model.decoder.pos_embed=sinusoidal needs dim divisible by 2, got model.decoder.dim=195"),
         (["model.decoder.max_length=16"], "model.decoder.max_length=16 is shorter than data.max_length=24 (allowed: >= 24)"),
         (["model.decoder.context_dim=64"], "model.decoder.context_dim=64 must equal model.encoder.dim=192"),
         (["model.decoder.dropout=1.5"], "model.decoder.dropout=1.5 must be a number in [0, 1)"),
         (["task.lr=-0.001"], "task.lr=-0.001 must be a positive number"),
         (["task.warmup_ratio=1.0"], "task.warmup_ratio=1.0 must be a number in [0, 1)"),
-        (["task.generation.num_beams=0"], "task.generation: invalid generation settings: num_beams=0"),
+        (["task.generation.num_beams=0"], "task.generation: invalid settings: num_beams=0"),
         (["tokenizer.kind=char"], "tokenizer.kind='char' is not one of wordpiece, bpe"),
         (["tokenizer.kind=bpe", "tokenizer.vocab_size=100"],
-         "tokenizer.vocab_size=100 must be an integer >= 263 for tokenizer.kind=bpe"),
+         "tokenizer.vocab_size=100 is below 263, the smallest byte-level BPE vocabulary"),
         (["tokenizer.path=/no/such/tokenizer.json"], "tokenizer.path=/no/such/tokenizer.json: no such file"),
         (["init_from=/no/such.ckpt"], "init_from=/no/such.ckpt: no such checkpoint file"),
         (["task=pretrain", "model.backbone.vision.patch_size=128"],
@@ -143,7 +169,7 @@ def test_eval_checks_split_image_size_and_data(tmp_path: Path) -> None:
     )
     assert "split='validation' is not one of train, val, test" in message
     assert "image_size=36 is not a multiple of the checkpoint's model.encoder.patch_size=8" in message
-    assert "generation: invalid generation settings: top_p=2" in message
+    assert "generation: invalid settings: top_p=2" in message
     message = _problems(_eval_cfg(f"ckpt={ckpt}", "data=coco", "data.on_bad_image=maybe"), check_eval_config)
     assert "data.on_bad_image='maybe' is not one of error, skip" in message
     check_eval_config(_eval_cfg(f"ckpt={ckpt}", "image_size=48", "data=coco", "data.val.annotations=a", "data.val.images=b"))

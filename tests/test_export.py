@@ -24,7 +24,7 @@ from mmtx.checkpoint import DATA_KEY, TASK_KEY
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.export import ExportError, export_task, load_exported
 from mmtx.generation import GenerationConfig, generate
-from tests.helpers import TINY_TWO_STREAM, compose_train
+from tests.helpers import TINY_TWO_STREAM, compose_train, write_gpt2, write_vit
 
 CAPTIONS = ["a red circle above a blue square", "two green triangles", "a small yellow circle", "three squares"]
 TINY_CAPTIONER = [
@@ -161,37 +161,14 @@ def test_broken_export_weights_are_refused_naming_the_file(tmp_path: Path, wordp
 
 # --------------------------------------------------------------- from pretrained files, by config
 
-def write_gpt2(path: Path, transformers) -> Tokenizer:
-    """A tiny GPT-2 (with cross-attention) and its vocab.json + merges.txt, as in a Hub directory."""
-    from tokenizers import Tokenizer as Backend
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-
-    backend = Backend(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    backend.train_from_iterator(CAPTIONS * 20, trainer=trainer)
-    path.mkdir(parents=True)
-    backend.model.save(str(path))
-    config = transformers.GPT2Config(vocab_size=backend.get_vocab_size(), n_embd=32, n_layer=2, n_head=4,
-                                     n_positions=16, add_cross_attention=True)  # fmt: skip
-    torch.manual_seed(0)
-    transformers.GPT2LMHeadModel(config).save_pretrained(path)
-    return Tokenizer.from_file(path)
-
-
 def test_caption_pretrained_config_imports_vit_and_gpt2_and_exports_self_contained(tmp_path: Path, cli) -> None:
     """``model=caption_pretrained`` with a Hugging Face ViT and a GPT-2 directory (tokenizer from
     its vocab.json + merges.txt): the captioner computes what ViT + GPT-2 compute; ``mmtx-export``
     of its checkpoint loads back identical once the pretrained files are gone."""
     transformers = pytest.importorskip("transformers", reason="transformers writes the pretrained files")
     vit_dir, gpt2_dir = tmp_path / "vit", tmp_path / "gpt2"
-    torch.manual_seed(0)
-    vit = transformers.ViTModel(transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                                       intermediate_size=64, image_size=32, patch_size=8))  # fmt: skip
-    vit.save_pretrained(vit_dir)
-    tokenizer = write_gpt2(gpt2_dir, transformers)
+    vit = write_vit(vit_dir, transformers)
+    tokenizer = write_gpt2(gpt2_dir, transformers, CAPTIONS)
     overrides = ["model=caption_pretrained", f"model.encoder.pretrained={vit_dir}", "model.encoder.dim=32",
                  f"model.decoder.pretrained={gpt2_dir}", f"tokenizer.path={gpt2_dir}"]  # fmt: skip
     task = build_task(overrides, tokenizer, spread=0.0)

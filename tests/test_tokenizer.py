@@ -53,7 +53,7 @@ def test_trained_special_tokens_take_ids_0_to_6(kind: str) -> None:
 def test_train_rejects_unknown_kind_and_too_small_bpe_vocab() -> None:
     with pytest.raises(ValueError, match="kind"):
         Tokenizer.train(CAPTIONS, kind="unigram")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="vocab_size >= 263"):
+    with pytest.raises(ValueError, match="vocab_size=100 is below 263"):
         Tokenizer.train(CAPTIONS, vocab_size=100, kind="bpe")
 
 

@@ -153,9 +153,8 @@ class Tokenizer:
             minimum = len(SPECIAL_TOKENS) + _BYTE_ALPHABET_SIZE
             if vocab_size < minimum:
                 raise ValueError(
-                    f"byte-level BPE needs vocab_size >= {minimum} "
-                    f"({len(SPECIAL_TOKENS)} special tokens + {_BYTE_ALPHABET_SIZE} bytes), "
-                    f"got {vocab_size}"
+                    f"vocab_size={vocab_size} is below {minimum}, the smallest byte-level BPE vocabulary "
+                    f"({len(SPECIAL_TOKENS)} special tokens + {_BYTE_ALPHABET_SIZE} bytes)"
                 )
             backend = tokenizers.Tokenizer(models.BPE())
             backend.normalizer = (
@@ -173,7 +172,7 @@ class Tokenizer:
                 show_progress=False,
             )
         else:
-            raise ValueError(f"kind must be 'wordpiece' or 'bpe', got {kind!r}")
+            raise ValueError(f"kind={kind!r} is not one of wordpiece, bpe")
         backend.train_from_iterator(texts, trainer=trainer)
         if continuing:  # the continuing characters were special only to fix their ids
             saved = json.loads(backend.to_str())

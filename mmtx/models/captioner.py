@@ -17,6 +17,8 @@ class ImageCaptioner(nn.Module):
 
     def __init__(self, encoder: VisionEncoder, decoder: CaptionDecoder) -> None:
         super().__init__()
+        if decoder.context_dim != encoder.dim:
+            raise ValueError(f"decoder.context_dim={decoder.context_dim} must equal encoder.dim={encoder.dim}")
         self.encoder = encoder
         self.decoder = decoder
 

@@ -72,6 +72,10 @@ class CaptionDecoder(nn.Module):
         return self.body.max_length
 
     @property
+    def context_dim(self) -> int:
+        return self.body.context_dim
+
+    @property
     def vocab_size(self) -> int:
         return self.body.vocab_size
 

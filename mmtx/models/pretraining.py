@@ -38,13 +38,16 @@ class Objectives:
     hard_negatives_from: float = 0.3  # ...once this fraction of the run's budget is done (random ones before)
 
     def __post_init__(self) -> None:
-        bad = [k for k in ("mlm", "mpm", "itm", "itc") if getattr(self, k) < 0]
-        bad += [k for k in ("mask_prob", "patch_mask_prob", "patch_replace_prob", "negative_prob", "hard_negatives_from")
-                if not 0 <= getattr(self, k) <= 1]
-        if bad:
-            raise ValueError(f"objectives: {', '.join(f'{k}={getattr(self, k)}' for k in bad)} out of range")
-        if not any(getattr(self, k) > 0 for k in ("mlm", "mpm", "itm", "itc")):
-            raise ValueError("objectives: every loss weight is 0 (mlm, mpm, itm, itc); enable at least one")
+        weights = ("mlm", "mpm", "itm", "itc")
+        rates = ("mask_prob", "patch_mask_prob", "patch_replace_prob", "negative_prob", "hard_negatives_from")
+        problems = [f"objectives.{k}={getattr(self, k)!r} must be a number >= 0 (0: off)"
+                    for k in weights if not getattr(self, k) >= 0]
+        problems += [f"objectives.{k}={getattr(self, k)!r} must be a number in [0, 1]"
+                     for k in rates if not 0 <= getattr(self, k) <= 1]
+        if not problems and not any(getattr(self, k) > 0 for k in weights):
+            problems.append("objectives: every loss weight (mlm, mpm, itm, itc) is 0; set one > 0")
+        if problems:
+            raise ValueError("; ".join(problems))
 
 
 class MlmHead(nn.Module):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from mmtx.nn.attention import KVCache
+from mmtx.nn.attention import KVCache, head_width
 from mmtx.nn.blocks import BlockCache, TransformerBlock
-from mmtx.nn.embeddings import PositionKind, check_position_kind, sinusoidal_1d
+from mmtx.nn.embeddings import PositionKind, check_position_kind, check_sinusoidal_width, sinusoidal_1d
 from mmtx.nn.init import init_weights
 from mmtx.nn.rotary import Rotary
 
@@ -53,13 +53,17 @@ class TextTransformer(nn.Module):
     ) -> None:
         super().__init__()
         self.pos_kind = check_position_kind(pos_embed)
+        head_dim = head_width(dim, num_heads)
+        if pos_embed == "sinusoidal":
+            check_sinusoidal_width(dim, axes=1)
         self.dim, self.num_heads, self.max_length, self.causal = dim, num_heads, max_length, causal
+        self.context_dim = context_dim  # the width of what cross-attention reads (None: none)
         self.norm_first = norm_first
         self.token_embed = nn.Embedding(vocab_size, dim, padding_idx=pad_id)
         self.pos_embed = nn.Embedding(max_length, dim) if pos_embed == "learned" else None
         self.type_embed = nn.Embedding(type_vocab_size, dim) if type_vocab_size > 0 else None
         self.embed_norm = nn.LayerNorm(dim, eps=norm_eps) if embed_norm else None
-        self.rotary = Rotary(dim // num_heads) if pos_embed == "rope" else None
+        self.rotary = Rotary(head_dim) if pos_embed == "rope" else None
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
             TransformerBlock(

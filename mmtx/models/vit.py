@@ -5,11 +5,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from mmtx.nn.attention import head_width
 from mmtx.nn.blocks import TransformerBlock
 from mmtx.nn.embeddings import (
     PatchEmbed,
     PositionKind,
     check_position_kind,
+    check_sinusoidal_width,
     grid_positions,
     resample_positions,
     sinusoidal_2d,
@@ -56,6 +58,15 @@ class VisionEncoder(nn.Module):
     ) -> None:
         super().__init__()
         self.pos_kind = check_position_kind(pos_embed)
+        head_dim = head_width(dim, num_heads)
+        if pos_embed == "sinusoidal":
+            check_sinusoidal_width(dim, axes=2)
+        if image_size < patch_size or image_size % patch_size:
+            relation = "smaller than" if image_size < patch_size else "not a multiple of"
+            raise ValueError(
+                f"image_size={image_size} is {relation} patch_size={patch_size} "
+                f"(allowed: a multiple of {patch_size}: {patch_size}, {2 * patch_size}, {3 * patch_size}, ...)"
+            )
         self.dim, self.num_heads, self.image_size = dim, num_heads, image_size
         self.norm_first, self.pos_antialias = norm_first, pos_antialias
         self.patch_embed = PatchEmbed(patch_size, in_chans, dim, stem)
@@ -66,7 +77,7 @@ class VisionEncoder(nn.Module):
         self.pos_embed = (
             nn.Parameter(torch.randn(1, 1 + num_patches, dim) * 0.02) if pos_embed == "learned" else None
         )
-        self.rotary = Rotary(dim // num_heads, ndim=2) if pos_embed == "rope" else None
+        self.rotary = Rotary(head_dim, ndim=2) if pos_embed == "rope" else None
         self.pos_drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
             TransformerBlock(

@@ -78,6 +78,10 @@ class VqaGenerator(nn.Module):
 
     def __init__(self, backbone: TwoStreamModel, decoder: CaptionDecoder) -> None:
         super().__init__()
+        if decoder.context_dim != backbone.vision.dim:
+            raise ValueError(
+                f"decoder.context_dim={decoder.context_dim} must equal backbone.vision.dim={backbone.vision.dim}"
+            )
         self.backbone, self.decoder = backbone, decoder
         self.text_proj = nn.Linear(backbone.text.dim, backbone.vision.dim)
         init_weights(self.text_proj)

@@ -135,6 +135,17 @@ def build_attn_mask(
     return mask
 
 
+
+def head_width(dim: int, num_heads: int) -> int:
+    """``dim // num_heads``, refusing a width the heads do not divide (with the widths allowed)."""
+    if dim % num_heads:
+        lower = dim - dim % num_heads
+        example = f"{lower} or {lower + num_heads}" if lower else str(num_heads)
+        raise ValueError(
+            f"dim={dim} is not divisible by num_heads={num_heads} (allowed: a multiple of {num_heads}, e.g. {example})"
+        )
+    return dim // num_heads
+
 class Attention(nn.Module):
     """Multi-head scaled dot-product attention, self or cross.
 
@@ -159,10 +170,8 @@ class Attention(nn.Module):
         proj_dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        if dim % num_heads != 0:
-            raise ValueError(f"attention width {dim} is not divisible by num_heads={num_heads}")
         self.num_heads = num_heads
-        self.head_dim = dim // num_heads
+        self.head_dim = head_width(dim, num_heads)
         self.is_cross = context_dim is not None
         if self.is_cross:
             self.q = nn.Linear(dim, dim, bias=qkv_bias)

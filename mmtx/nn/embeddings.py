@@ -54,7 +54,7 @@ def conv_stem(patch_size: int, in_chans: int, dim: int) -> tuple[nn.Sequential, 
     ViT learn shapes from little data faster than a linear patch map. Returns (stem, out channels)."""
     steps = patch_size.bit_length() - 1
     if patch_size < 2 or 2**steps != patch_size:
-        raise ValueError(f"stem=conv needs a power-of-two patch_size, got {patch_size}")
+        raise ValueError(f"stem=conv needs a power-of-two patch_size, got patch_size={patch_size}")
     widths = [max(8, dim // 2 ** (steps - i)) for i in range(steps)]  # ..., dim/4, dim/2
     layers: list[nn.Module] = []
     for c_in, c_out in zip([in_chans, *widths[:-1]], widths):
@@ -62,10 +62,15 @@ def conv_stem(patch_size: int, in_chans: int, dim: int) -> tuple[nn.Sequential, 
     return nn.Sequential(*layers), widths[-1]
 
 
+def check_sinusoidal_width(dim: int, axes: int) -> None:
+    """Fixed positions over ``axes`` axes take sin/cos pairs of width ``dim / axes``."""
+    if dim % (2 * axes):
+        raise ValueError(f"pos_embed=sinusoidal needs dim divisible by {2 * axes}, got dim={dim}")
+
+
 def sinusoidal_1d(positions: Tensor, dim: int, base: float = 10000.0) -> Tensor:
     """The original transformer's fixed encoding: (T,) positions -> (T, dim), sin and cos interleaved."""
-    if dim % 2:
-        raise ValueError(f"sinusoidal positions need an even width, got {dim}")
+    check_sinusoidal_width(dim, axes=1)
     inv_freq = torch.exp(-math.log(base) * torch.arange(0, dim, 2, device=positions.device) / dim)
     angles = positions.float()[:, None] * inv_freq[None, :]  # (T, dim/2)
     return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)
@@ -73,8 +78,7 @@ def sinusoidal_1d(positions: Tensor, dim: int, base: float = 10000.0) -> Tensor:
 
 def sinusoidal_2d(grid_h: int, grid_w: int, dim: int, device: torch.device | None = None) -> Tensor:
     """Fixed 2-D encoding (as in MAE): half the width encodes the row, half the column -> (h*w, dim)."""
-    if dim % 4:
-        raise ValueError(f"2-D sinusoidal positions need a width divisible by 4, got {dim}")
+    check_sinusoidal_width(dim, axes=2)
     rows = torch.arange(grid_h, device=device).repeat_interleave(grid_w)
     cols = torch.arange(grid_w, device=device).repeat(grid_h)
     return torch.cat([sinusoidal_1d(rows, dim // 2), sinusoidal_1d(cols, dim // 2)], dim=1)

@@ -226,7 +226,8 @@ def extend_rows(table: tuple[Tensor, str], rows: int, own: Tensor, source: str, 
             f"{source}: {what} has {tensor.shape[0]} entries, more than vocab_size={rows} "
             "(use the checkpoint's tokenizer)"
         )
-    return torch.cat([tensor, own[tensor.shape[0]:].to(tensor.dtype)]), name
+    # on the device of ``own``: the meta device when a config is only checked (mmtx.config_check)
+    return torch.cat([tensor.to(own.device), own[tensor.shape[0]:].to(tensor.dtype)]), name
 
 
 def context_width(kv: tuple[Tensor, str] | None, context_dim: int | None, default: int, source: str) -> int:

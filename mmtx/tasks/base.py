@@ -38,6 +38,21 @@ class Task(L.LightningModule):
         super().__init__()
         self.data_config = data_config
 
+    def check_text_length(self, tower: str, max_length: int) -> None:
+        """The text tower ``model.<tower>`` must have positions for the data's ``max_length`` tokens."""
+        wanted = (self.data_config or {}).get("max_length")
+        if isinstance(wanted, int) and max_length < wanted:
+            raise ValueError(
+                f"model.{tower}.max_length={max_length} is shorter than data_config.max_length={wanted} "
+                f"(allowed: >= {wanted})"
+            )
+
+    @classmethod
+    def stand_in_data_arguments(cls) -> dict[str, Any]:
+        """Placeholder ``data_arguments`` that let the task be built before any data is read
+        (the start-up check builds it on the meta device)."""
+        return {}
+
     @classmethod
     def from_data(cls, datamodule: L.LightningDataModule, **task_config: Any) -> dict[str, Any]:
         """The ``data_arguments`` for a new run, computed from the training data."""

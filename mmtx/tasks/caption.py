@@ -61,6 +61,7 @@ class CaptionTask(Task):
         self.model: ImageCaptioner = instantiate(
             model, decoder={"vocab_size": self.tokenizer.vocab_size, "pad_id": self.tokenizer.pad_id}
         )
+        self.check_text_length("decoder", self.model.decoder.max_length)
         generation = dict(generation or {})
         if generation.get("max_new_tokens") is None:  # as long as the decoder's positions allow
             generation["max_new_tokens"] = self.model.decoder.max_length - 1

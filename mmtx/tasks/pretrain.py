@@ -49,6 +49,7 @@ class PretrainTask(Task):
             model, backbone={"text": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}},
             mask_id=tok.mask_id, special_ids=sorted(tok.special_ids),
         )
+        self.check_text_length("backbone.text", self.model.backbone.text.max_length)
         self.objectives = Objectives(**(objectives or {}))
         self.val_outputs: list[dict[str, Any]] = []
         self.metrics: dict[str, float] = {}

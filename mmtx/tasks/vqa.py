@@ -51,6 +51,7 @@ class AnswerTask(Task):
         self.save_hyperparameters(logger=False, ignore=["data_config"])
         self.tokenizer = tok = Tokenizer.from_str(tokenizer)
         self.model = instantiate(model, **self.model_arguments(tok))
+        self.check_text_length("backbone.text", self.model.backbone.text.max_length)
         self.val_outputs: list[dict[str, Any]] = []
         self.metrics: dict[str, float] = {}
 
@@ -148,6 +149,10 @@ class VqaTask(AnswerTask):
     def model_arguments(self, tok: Tokenizer) -> dict[str, Any]:
         return {"backbone": {"text": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}},
                 "num_answers": len(self.answers)}
+
+    @classmethod
+    def stand_in_data_arguments(cls) -> dict[str, Any]:
+        return {"answers": ["yes", "no"]}
 
     @classmethod
     def from_data(cls, datamodule: L.LightningDataModule, num_answers: int = 3129, **_: Any) -> dict[str, Any]:

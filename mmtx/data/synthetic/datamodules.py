@@ -10,6 +10,8 @@ from typing import Any
 from mmtx.data.captions.datamodule import CaptionDataModule
 from mmtx.data.captions.files import read_coco_captions
 from mmtx.data.synthetic.shapes import Scene, caption_correctness, generate_shapes, shapes_val_scenes
+from mmtx.data.synthetic.shapes import check_spec as shapes_spec
+from mmtx.data.synthetic.shapes_vqa import check_spec as shapes_vqa_spec
 from mmtx.data.synthetic.shapes_vqa import generate_shapes_vqa
 from mmtx.data.vqa.datamodule import VqaDataModule
 from mmtx.data.vqa.files import read_vqa
@@ -24,9 +26,12 @@ class GeneratedSplits:
 
     generate: Callable[..., dict[str, tuple[Path, ...]]]
     read: Callable[..., list[Any]]
+    check: Callable[..., None]  # refuses a spec ``generate`` cannot draw: at construction, not in prepare_data
+
 
     def __init__(self, root: str, spec: dict[str, int], **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.check(image_size=self.image_size, **spec)  # type: ignore[attr-defined]
         self.root, self.spec = Path(root), spec
         self._files: dict[str, tuple[Path, ...]] | None = None
 
@@ -51,7 +56,7 @@ class GeneratedSplits:
 class ShapesCaptions(GeneratedSplits, CaptionDataModule):
     """The embedded default: procedurally drawn shapes scenes with five captions each."""
 
-    generate, read = staticmethod(generate_shapes), staticmethod(read_coco_captions)
+    generate, read, check = staticmethod(generate_shapes), staticmethod(read_coco_captions), staticmethod(shapes_spec)
 
     def __init__(
         self, root: str, num_train: int = 8000, num_val: int = 500, seed: int = 0,
@@ -73,7 +78,7 @@ class ShapesCaptions(GeneratedSplits, CaptionDataModule):
 class ShapesVqa(GeneratedSplits, VqaDataModule):
     """Questions about shapes scenes, with ten annotator answers each, as VQA v2 files."""
 
-    generate, read = staticmethod(generate_shapes_vqa), staticmethod(read_vqa)
+    generate, read, check = staticmethod(generate_shapes_vqa), staticmethod(read_vqa), staticmethod(shapes_vqa_spec)
 
     def __init__(
         self, root: str, num_train: int = 8000, num_val: int = 500, seed: int = 0,

@@ -192,6 +192,23 @@ def describe_scene(scene: Scene, rng: random.Random, num_captions: int = 5) -> l
     return captions
 
 
+MIN_IMAGE_SIZE = 32  # the smallest scenes drawn
+
+
+def check_spec(num_train: int, num_val: int, image_size: int, captions_per_image: int, **_: Any) -> None:
+    """Refuse counts and sizes `generate_shapes` cannot draw, before anything is drawn."""
+    check_int("num_train", num_train, 0, _VAL_ID_BASE - 1)  # val ids start at _VAL_ID_BASE
+    check_int("num_val", num_val, 0, _VAL_ID_BASE - 1)
+    check_int("image_size", image_size, MIN_IMAGE_SIZE)
+    check_int("captions_per_image", captions_per_image, 1)
+
+
+def check_int(name: str, value: Any, low: int, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name}={value!r} must be an integer {bounds}")
+
+
 def generate_shapes(
     root: str | os.PathLike,
     num_train: int,
@@ -213,13 +230,7 @@ def generate_shapes(
     Returns {"train": (annotations_json, images_dir), "val": (annotations_json, images_dir)}.
     """
     root = Path(root)
-    limits = {"num_train": (num_train, 0), "num_val": (num_val, 0), "image_size": (image_size, 32),
-              "captions_per_image": (captions_per_image, 1)}
-    for name, (value, low) in limits.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    if num_train >= _VAL_ID_BASE:
-        raise ValueError(f"num_train must be below {_VAL_ID_BASE} (the first val image id), got {num_train}")
+    check_spec(num_train, num_val, image_size, captions_per_image)
     meta = {
         "format": _FORMAT,
         "version": _FORMAT_VERSION,

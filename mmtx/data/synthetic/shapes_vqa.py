@@ -30,7 +30,7 @@ from typing import Any
 from tqdm import tqdm
 
 from mmtx.data.synthetic.build import build_once
-from mmtx.data.synthetic.shapes import COLORS, KINDS, SIZES, Scene, draw_scene
+from mmtx.data.synthetic.shapes import COLORS, KINDS, MIN_IMAGE_SIZE, SIZES, Scene, check_int, draw_scene
 from mmtx.data.vqa.files import VqaRecord, write_vqa
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ class _Candidate:
 def ask_about_scene(scene: Scene, rng: random.Random, count: int = 5) -> list[ShapesQuestion]:
     """`count` distinct questions about `scene`, answer types taken in turn from a random start
     (so a data set is balanced over yes/no, number and other), yes or no equally often."""
-    _check_int("count", count, 1, MAX_QUESTIONS_PER_IMAGE)
+    check_int("count", count, 1, MAX_QUESTIONS_PER_IMAGE)
     pool = _candidates(scene)
     first = rng.randrange(len(_ANSWER_TYPES))
     asked = []
@@ -103,6 +103,14 @@ def ask_about_scene(scene: Scene, rng: random.Random, count: int = 5) -> list[Sh
             ShapesQuestion(chosen.question, chosen.answer, answers, chosen.answer_type, chosen.question_type)
         )
     return asked
+
+
+def check_spec(num_train: int, num_val: int, image_size: int, questions_per_image: int, **_: Any) -> None:
+    """Refuse counts and sizes `generate_shapes_vqa` cannot draw, before anything is drawn."""
+    check_int("num_train", num_train, 0, _VAL_ID_BASE - 1)  # val ids start at _VAL_ID_BASE
+    check_int("num_val", num_val, 0, _VAL_ID_BASE - 1)
+    check_int("image_size", image_size, MIN_IMAGE_SIZE)
+    check_int("questions_per_image", questions_per_image, 1, MAX_QUESTIONS_PER_IMAGE)
 
 
 def generate_shapes_vqa(
@@ -125,10 +133,7 @@ def generate_shapes_vqa(
     Returns {split: (questions_json, annotations_json, images_dir)} for "train" and "val".
     """
     root = Path(root)
-    _check_int("num_train", num_train, 0, _VAL_ID_BASE - 1)
-    _check_int("num_val", num_val, 0, _VAL_ID_BASE - 1)
-    _check_int("image_size", image_size, 32)
-    _check_int("questions_per_image", questions_per_image, 1, MAX_QUESTIONS_PER_IMAGE)
+    check_spec(num_train, num_val, image_size, questions_per_image)
     meta = {"format": _FORMAT, "version": _FORMAT_VERSION, "num_train": num_train, "num_val": num_val,
             "image_size": image_size, "seed": seed, "questions_per_image": questions_per_image}
     layout = {
@@ -203,12 +208,6 @@ def _candidates(scene: Scene) -> list[_Candidate]:
             found.append(_Candidate("what is where", f"what is {_RELATION_WORDS[relation]} the {names[j]}?",
                                     names[i], "other", "what is", synonyms, wrong))
     return found
-
-
-def _check_int(name: str, value: Any, low: int, high: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{name} must be an int {bounds}, got {value!r}")
 
 
 def _on_side(scene: Scene, k: int, j: int, relation: str) -> bool:
