@@ -2,10 +2,12 @@
 
 import os
 import signal as signal_module
+from pathlib import Path
 
 import lightning as L
 import torch
 
+from mmtx.data.tokenizer import Tokenizer
 from mmtx.models import CaptionDecoder, ImageCaptioner, VisionEncoder
 
 
@@ -80,6 +82,20 @@ class SignalAtStep(L.Callback):
             os.kill(os.getpid(), self.signal)
 
 
+class RecordImageIds(L.Callback):
+    """Test-only: appends ``STEP ID ID ...`` (the global step and the batch's image ids) to
+    ``{path}/rank{R}.txt`` for every training batch, to see which samples each process read."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: dict, *args) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        ids = " ".join(str(i) for i in batch["image_ids"].tolist())
+        with open(self.path / f"rank{trainer.global_rank}.txt", "a") as f:
+            f.write(f"{trainer.global_step} {ids}\n")
+
+
 class NanImagesAtStep(L.Callback):
     """Test-only: at optimizer step ``step``, the images of process ``rank``'s batch become NaN, so
     that one process alone sees a non-finite loss."""
@@ -111,3 +127,34 @@ class RecordProductDtypes(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         with open(self.path, "w") as f:
             f.write("\n".join(sorted(self.dtypes)))
+
+
+def write_vit(path: Path, transformers):
+    """A tiny Hugging Face ViT (width 32, 8-px patches, 32 px) saved as in a Hub directory."""
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                    intermediate_size=64, image_size=32, patch_size=8)  # fmt: skip
+    vit = transformers.ViTModel(config)
+    vit.save_pretrained(path)
+    return vit
+
+
+def write_gpt2(path: Path, transformers, texts: list[str]) -> Tokenizer:
+    """A tiny GPT-2 (with cross-attention) and its vocab.json + merges.txt learned from ``texts``,
+    as in a Hub directory."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    backend = Backend(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    backend.train_from_iterator(texts * 20, trainer=trainer)
+    path.mkdir(parents=True)
+    backend.model.save(str(path))
+    config = transformers.GPT2Config(vocab_size=backend.get_vocab_size(), n_embd=32, n_layer=2, n_head=4,
+                                     n_positions=16, add_cross_attention=True)  # fmt: skip
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(config).save_pretrained(path)
+    return Tokenizer.from_file(path)

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import lightning as L
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mmtx.callbacks import NonFiniteLossError
 from mmtx.checkpoint import CheckpointError
@@ -82,7 +82,7 @@ def friendly_errors(fn: Callable[[DictConfig], Any]) -> Callable[[DictConfig], A
     return wrapper
 
 
-DATA_FILE_KEYS = ("annotations", "images", "questions", "file")  # the user's files in a data config
+DATA_FILE_KEYS = ("annotations", "images", "questions", "file", "shards")  # the user's files in a data config
 
 
 def absolute_data_paths(data: DictConfig) -> None:
@@ -94,7 +94,13 @@ def absolute_data_paths(data: DictConfig) -> None:
         for key in (*DATA_FILE_KEYS, "root"):
             value = node.get(key)
             if isinstance(value, str) and value:
-                node[key] = os.path.abspath(os.path.expanduser(value))
+                node[key] = _absolute(value)
+            elif isinstance(value, ListConfig):  # e.g. a list of shards
+                node[key] = [_absolute(str(v)) for v in value]
+
+
+def _absolute(path: str) -> str:
+    return os.path.abspath(os.path.expanduser(path))
 
 
 def instantiate_dict(cfg: DictConfig | None) -> list[Any]:

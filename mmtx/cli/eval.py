@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from mmtx.checkpoint import CheckpointError, load_task
 from mmtx.cli.common import CONFIG_DIR, DATA_FILE_KEYS, friendly_errors, generation_override, make_trainer, to_container
 from mmtx.config_check import ConfigError, check_eval_config
+from mmtx.data.shards import shard_paths
 from mmtx.metrics.table import format_metrics_table
 
 
@@ -70,12 +71,17 @@ def recorded_files_exist(data: dict, split: str, ckpt: str) -> None:
     """The files of ``split`` that the checkpoint's data config names must be here."""
     split_files = data.get(split) if isinstance(data.get(split), dict) else {}
     missing = [f"{key}={value}" for key, value in {**data, **split_files}.items()
-               if key in DATA_FILE_KEYS and isinstance(value, str) and not Path(value).exists()]
+               if key in DATA_FILE_KEYS and value and not all(p.exists() for p in _paths(key, value))]
     if missing:
         raise ConfigError(
             f"{ckpt} was trained on data files that are not here ({', '.join(missing)}); give the data to "
             f"evaluate on, e.g. data=coco data.{split}.annotations=FILE data.{split}.images=DIR"
         )
+
+
+def _paths(key: str, value: str | list[str]) -> list[Path]:
+    """The files a data key names: shards may be a brace pattern or a list."""
+    return shard_paths(value) if key == "shards" else [Path(value)]
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="eval")

@@ -121,13 +121,14 @@ class BadDataReport:
 
 def screen(
     split: str, records: list[Any], skipped: list[str], on_bad_image: Policy, on_bad_annotation: Policy,
-    report: BadDataReport, describe: Callable[[list[Any]], str],
+    report: BadDataReport, describe: Callable[[list[Any]], str], scan: bool = True,
 ) -> list[Any]:
     """The split's good ``records`` (each with a ``path``): the bad annotation entries its reader
     described in ``skipped`` and the records whose image file fails the pre-flight scan are left
     out under ``skip`` (logged, and added to ``report``), and raised together under ``error``.
-    ``describe(records)`` says what leaving records out drops, e.g. "their 12 caption(s)"."""
-    bad = scan_images((r.path for r in records), desc=f"checking {split} images")
+    ``describe(records)`` says what leaving records out drops, e.g. "their 12 caption(s)";
+    ``scan=False`` leaves the images to be checked where they are decoded."""
+    bad = scan_images((r.path for r in records), desc=f"checking {split} images") if scan else {}
     kept = [r for r in records if r.path not in bad]
     failed_annotations = skipped if on_bad_annotation == "error" else []
     failed_images = bad if on_bad_image == "error" else {}

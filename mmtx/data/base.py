@@ -70,7 +70,8 @@ class ImageTextDataModule(L.LightningDataModule):
     """Batches of images with text, read from per-split records.
 
     Subclasses say where the records come from (``load_records``), how a split becomes a data
-    set (``make_dataset``) and how examples are batched (``make_collator``).
+    set (``make_dataset``) and how examples are batched (``make_collator``); ``preflight_scan``
+    whether image files are checked before training (see the module docs).
 
     Args:
         image_size: side of the square images the model sees.
@@ -92,6 +93,8 @@ class ImageTextDataModule(L.LightningDataModule):
             vocabulary from the same text, so none has to wait for another's file.
         val_split: the split that validation reads (``mmtx-eval split=test`` chooses another).
     """
+
+    preflight_scan = True
 
     def __init__(
         self,
@@ -170,7 +173,7 @@ class ImageTextDataModule(L.LightningDataModule):
             skipped: list[str] = []
             records = self.load_records(split, skipped)
             self._records[split] = screen(split, records, skipped, self.on_bad_image, self.on_bad_annotation,
-                                          self.report, self.describe)
+                                          self.report, self.describe, scan=self.preflight_scan)
         return self._records[split]
 
     # --- Lightning hooks --------------------------------------------------------------------

@@ -8,16 +8,20 @@ the same pixels as a uint8 tensor, decoded by TorchCodec (libjpeg-turbo, libpng:
 decoders, which replace torchvision.io's; ``scripts/bench_decode.py`` times them) wherever that
 decoder gives them — 8-bit RGB and grayscale JPEG and PNG — and by `load_image` otherwise. `check_image` is the cheap
 counterpart for a pre-flight scan (headers, checksums, the end of a JPEG), and `scan_images`
-runs it over a whole split with a progress bar.
+runs it over a whole split with a progress bar. Both readers also take a `FileSlice`: an image
+stored inside a larger file, as a member of a WebDataset tar shard is.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO, Union
 
 import numpy as np
 import torch
@@ -39,19 +43,44 @@ _FAST_FORMATS = frozenset({"JPEG", "PNG"})  # what TorchCodec decodes to the sam
 _FAST_MODES = frozenset({"RGB", "L"})  # ... in these 8-bit modes without transparency
 
 
+@dataclass(frozen=True)
+class FileSlice:
+    """``size`` bytes at ``offset`` of ``file``, named ``name`` (e.g. a tar shard's member
+    ``KEY.jpg``): an image that is not a file of its own, read with one seek."""
+
+    file: Path
+    offset: int
+    size: int
+    name: str
+
+    def read_bytes(self) -> bytes:
+        with open(self.file, "rb") as f:
+            f.seek(self.offset)
+            data = f.read(self.size)
+        if len(data) != self.size:
+            raise OSError(f"{self.file} ends {self.size - len(data)} bytes into {self.name}")
+        return data
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.name}"
+
+
+ImageSource = Union[str, os.PathLike, FileSlice]
+
+
 class ImageLoadError(Exception):
     """An image file could not be read; `path` is the file and `reason` says why."""
 
-    def __init__(self, path: str | os.PathLike, reason: str) -> None:
+    def __init__(self, path: ImageSource, reason: str) -> None:
         super().__init__(str(path), reason)  # both in args, so the error pickles across workers
-        self.path = Path(path)
+        self.path = Path(str(path))
         self.reason = reason
 
     def __str__(self) -> str:
         return f"cannot load image {self.path}: {self.reason}"
 
 
-def load_image(path: str | os.PathLike) -> Image.Image:
+def load_image(path: ImageSource) -> Image.Image:
     """Open `path`, fully decode it, apply its EXIF orientation and return it as 8-bit RGB.
 
     Alpha (including palette transparency) is composited onto `ALPHA_BACKGROUND`; 16- and
@@ -62,22 +91,19 @@ def load_image(path: str | os.PathLike) -> Image.Image:
         ImageLoadError: the file is missing, empty, not an image, truncated, too large or
             in a mode that has no RGB meaning; the message names the file.
     """
-    path = Path(path)
-    problem = _file_problem(path)
-    if problem is not None:
-        raise ImageLoadError(path, problem)
+    path, file = _opened(path)
     # Decoders signal broken input with many exception types (OSError, SyntaxError,
     # struct.error, IndexError from malformed EXIF, DecompressionBombError, ...), so this
     # boundary converts all of them, keeping the original as the cause.
     try:
-        with Image.open(path) as raw:
+        with Image.open(file) as raw:
             raw.load()  # decode now so a truncated file fails here, not inside a worker later
             return _to_rgb(ImageOps.exif_transpose(raw))
     except Exception as err:
         raise ImageLoadError(path, f"{type(err).__name__}: {err}") from err
 
 
-def read_image(path: str | os.PathLike) -> torch.Tensor:
+def read_image(path: ImageSource) -> torch.Tensor:
     """The upright 8-bit RGB pixels of `path` as a uint8 tensor (3, H, W): those of `load_image`.
 
     8-bit RGB or grayscale JPEG and PNG files without transparency (most photos) are decoded by
@@ -86,19 +112,17 @@ def read_image(path: str | os.PathLike) -> torch.Tensor:
     Raises:
         ImageLoadError: as `load_image`.
     """
-    path = Path(path)
-    problem = _file_problem(path)
-    if problem is not None:
-        raise ImageLoadError(path, problem)
+    path, file = _opened(path)
     try:
-        with Image.open(path) as img:  # the header only
+        with Image.open(file) as img:  # the header only
             fast = _decoded_alike(img)
     except Exception as err:  # as in load_image: decoders raise many types
         raise ImageLoadError(path, f"{type(err).__name__}: {err}") from err
     if not fast:
-        return pil_to_tensor(load_image(path))
+        return pil_to_tensor(load_image(file if isinstance(file, Path) else path))
     try:
-        return decode_image(path, mode="RGB")
+        encoded = file if isinstance(file, Path) else torch.frombuffer(bytearray(file.getvalue()), dtype=torch.uint8)
+        return decode_image(encoded, mode="RGB")
     except Exception as err:
         raise ImageLoadError(path, f"{type(err).__name__}: {err}") from err
 
@@ -159,6 +183,20 @@ def scan_images(paths: Iterable[str | os.PathLike], desc: str = "checking images
                 bad[path] = problem
             bar.update()
     return bad
+
+
+def _opened(source: ImageSource) -> tuple[ImageSource, Path | BinaryIO]:
+    """``source`` and what the decoders open: the file's path, or a slice's bytes in memory."""
+    if isinstance(source, FileSlice):
+        try:
+            return source, io.BytesIO(source.read_bytes())
+        except OSError as err:
+            raise ImageLoadError(source, getattr(err, "strerror", None) or str(err)) from err
+    path = Path(source)
+    problem = _file_problem(path)
+    if problem is not None:
+        raise ImageLoadError(path, problem)
+    return path, path
 
 
 def _file_problem(path: Path) -> str | None:

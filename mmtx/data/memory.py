@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from mmtx.data.images import ImageLoadError, read_image
+from mmtx.data.images import FileSlice, ImageLoadError, ImageSource, read_image
 from mmtx.data.transforms import build_resize
 
 MAX_MEMORY_BYTES = 1024**3  # `in_memory: auto` holds a split whose resized images fit in this
@@ -37,14 +37,14 @@ class ImagesInMemory:
     asked for, as decoding it from disk would: the data set's ``on_bad_image`` policy applies.
     """
 
-    def __init__(self, paths: Iterable[str | os.PathLike], image_size: int, desc: str = "decoding images") -> None:
-        unique = list(dict.fromkeys(Path(p) for p in paths))
+    def __init__(self, paths: Iterable[ImageSource], image_size: int, desc: str = "decoding images") -> None:
+        unique = list(dict.fromkeys(map(_key, paths)))
         self.pixels = torch.empty(len(unique), 3, image_size, image_size, dtype=torch.uint8)  # (N, 3, S, S)
-        self.slots: dict[Path, int] = {}
-        self.failed: dict[Path, str] = {}
+        self.slots: dict[Path | FileSlice, int] = {}
+        self.failed: dict[Path | FileSlice, str] = {}
         resize = build_resize(image_size)
 
-        def decode(path: Path) -> Tensor | str:
+        def decode(path: Path | FileSlice) -> Tensor | str:
             try:
                 return resize(read_image(path))
             except ImageLoadError as err:
@@ -70,9 +70,13 @@ class ImagesInMemory:
     def nbytes(self) -> int:
         return self.pixels.numel()
 
-    def __getitem__(self, path: Path) -> Tensor:
+    def __getitem__(self, path: ImageSource) -> Tensor:
         """The image's uint8 (3, S, S) pixels; `ImageLoadError` if it failed to decode."""
-        slot = self.slots.get(Path(path))
+        slot = self.slots.get(_key(path))
         if slot is None:
-            raise ImageLoadError(path, self.failed.get(Path(path), "not among the images decoded into memory"))
+            raise ImageLoadError(path, self.failed.get(_key(path), "not among the images decoded into memory"))
         return self.pixels[slot]
+
+
+def _key(source: ImageSource) -> Path | FileSlice:
+    return source if isinstance(source, FileSlice) else Path(source)

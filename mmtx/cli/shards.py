@@ -1,0 +1,67 @@
+"""``mmtx-shards``: write a caption data set (COCO, Karpathy, your own pairs) as WebDataset tar
+shards for ``data=webdataset``, its images re-encoded at a training size."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import hydra
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from mmtx.cli.common import CONFIG_DIR, absolute_data_paths, friendly_errors, to_container
+from mmtx.config_check import ConfigError, data_problems
+from mmtx.data.base import SPLITS
+from mmtx.data.shards.files import SHARD_LIST
+from mmtx.data.shards.write import write_shard_list, write_shards
+from mmtx.data.tokenizer import Tokenizer
+
+
+def write(cfg: DictConfig) -> Path:
+    """Write every split the data config has files for; returns the shard list's path."""
+    problems = [] if OmegaConf.is_missing(cfg, "out") else data_problems(cfg.data)
+    if OmegaConf.is_missing(cfg, "out"):
+        problems.append("out is not set: give the folder to write the shards to, e.g. out=shards/")
+    for key in ("shard_size", "quality") + (("image_size",) if cfg.image_size is not None else ()):
+        if not (isinstance(cfg[key], int) and cfg[key] > 0):
+            problems.append(f"{key}={cfg[key]!r} must be a positive integer")
+    if problems:
+        raise ConfigError("invalid config:\n" + "\n".join(f"  {p}" for p in problems))
+    absolute_data_paths(cfg.data)
+    out = Path(cfg.out)
+    settings = {"data": to_container(cfg.data), "shard_size": cfg.shard_size, "image_size": cfg.image_size,
+                "quality": cfg.quality}  # fmt: skip
+    listed = out / SHARD_LIST
+    if listed.exists():  # a run to finish, or one already done: only with the same settings
+        if json.loads(listed.read_text()).get("settings") != settings:
+            raise ConfigError(f"out={out} holds shards written with other settings (see {listed}); "
+                              "choose another out= or delete that folder")
+    elif out.exists() and any(out.iterdir()):
+        raise ConfigError(f"out={out} is not empty; choose a new folder")
+    write_shard_list(out, {}, settings)  # the settings first: an interrupted run resumes only with them
+
+    # the records only: no tokenizer is learned and no image is decoded before writing
+    datamodule = instantiate(cfg.data, tokenizer=Tokenizer.train)
+    splits = {}
+    for split in SPLITS:
+        if datamodule.has_split(split):
+            splits[split] = written = write_shards(
+                datamodule.records(split), out, split, shard_size=cfg.shard_size, image_size=cfg.image_size,
+                quality=cfg.quality, skip_bad_images=datamodule.on_bad_image == "skip",
+            )
+            print(f"{split}: {written['samples']} samples in {len(written['shards'])} shard(s)"
+                  + (f", {len(written['left_out'])} image(s) left out" if written["left_out"] else ""))
+    path = write_shard_list(out, splits, settings)
+    print(f"shard list: {path} (train with data=webdataset data.train.shards={path}:train data.val.shards={path}:val)")
+    return path
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="shards")
+@friendly_errors
+def main(cfg: DictConfig) -> None:
+    write(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""WebDataset tar shards as img2dataset and ``mmtx-shards`` write them: per sample ``KEY.jpg``
+(or ``.jpeg``, ``.png``, ``.webp``) with ``KEY.txt`` and/or ``KEY.json``.
+
+mmtx reads a split's shards by random access: `read_shards` indexes every shard once (the tar
+headers give each member's offset; the small text members are read on the way) and a sample's
+image is then one seek and one read (`mmtx.data.images.FileSlice`). The ``webdataset`` library's
+loaders instead stream each shard from start to end, split the shards among processes and mix
+samples in a shuffle buffer. Random access lets the sampler of the folder-based data sets order
+the shard samples too (`mmtx.data.sampling`): a full shuffle of the split, every sample once per
+epoch for any number of processes and loader workers whether or not the shards divide among
+them, and a resumed run that continues with the next unseen sample. The price: shards must be
+uncompressed tar files on a local or mounted file system (img2dataset writes them so).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tarfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from braceexpand import braceexpand
+from tqdm import tqdm
+from webdataset.tariterators import base_plus_ext
+
+from mmtx.data.annotations import AnnotationError, EntryProblems, invalid_text
+from mmtx.data.captions.files import CaptionRecord
+from mmtx.data.images import FileSlice
+
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")  # the first one a sample has is its image
+SHARD_LIST = "shards.json"  # what mmtx-shards writes beside its shards: {split: {shards, samples}}
+
+
+def shard_paths(shards: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
+    """The shard files ``shards`` names: a path, a brace pattern (``shards/{00000..00099}.tar``),
+    a list of either, or a ``shards.json`` written by mmtx-shards (its shards of every split,
+    in order; pick one split with ``DIR/shards.json:train``)."""
+    specs = [shards] if isinstance(shards, (str, os.PathLike)) else list(shards)
+    paths: list[Path] = []
+    for spec in map(str, specs):
+        name, _, split = spec.rpartition(":") if ".json:" in spec else (spec, "", "")
+        if name.endswith(".json"):
+            paths += _listed(Path(name), split or None)
+        else:
+            paths += [Path(p) for p in braceexpand(spec)]
+    return paths
+
+
+def _listed(file: Path, split: str | None) -> list[Path]:
+    try:
+        listing = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise AnnotationError(f"{file}: shard list not found") from None
+    except (OSError, ValueError) as err:
+        raise AnnotationError(f"{file}: not a shard list ({type(err).__name__}: {err})") from err
+    splits = listing.get("splits", {}) if isinstance(listing, dict) else {}
+    if split is not None and split not in splits:
+        raise AnnotationError(f"{file}: no split {split!r} (it lists {', '.join(splits) or 'none'})")
+    chosen = [splits[split]] if split else list(splits.values())
+    return [file.parent / name for entry in chosen for name in entry.get("shards", [])]
+
+
+def read_shards(
+    shards: str | os.PathLike | Iterable[str | os.PathLike], skipped: list[str] | None = None
+) -> list[CaptionRecord]:
+    """One `CaptionRecord` per sample of ``shards`` (see `shard_paths`), its image a `FileSlice`.
+
+    A sample's captions are its ``.json``'s ``captions`` (a list: all of the image's references),
+    else its ``.txt``, else its ``.json``'s ``caption``. Its ``image_id`` is its ``.json``'s
+    ``image_id`` when every sample has a distinct one (mmtx-shards keeps COCO's ids), else its
+    position in the split (0, 1, ...). Samples without an image or a caption, unreadable text
+    and shards that are missing, compressed or cut short are problems named by shard and key:
+    raised together, or left out and described in ``skipped`` (the samples of a shard before
+    the point where it is cut short are kept).
+    """
+    paths = shard_paths(shards)
+    if not paths:
+        raise AnnotationError(f"{shards}: names no shard file")
+    samples: list[tuple[int | None, FileSlice, tuple[str, ...]]] = []
+    problems = EntryProblems(Path(str(shards)) if isinstance(shards, (str, os.PathLike)) else paths[0].parent, skipped)
+    for path in tqdm(paths, desc="indexing shards", unit="shard", file=sys.stderr, disable=None, leave=False):
+        for key, members, texts in _samples(path, problems):
+            try:
+                samples.append(_sample(path, key, members, texts))
+            except AnnotationError as err:
+                problems.add(err)
+    problems.finish()
+    ids = [image_id for image_id, _, _ in samples]
+    if None in ids or len(set(ids)) < len(ids):
+        ids = list(range(len(samples)))
+    return [CaptionRecord(i, image, captions) for i, (_, image, captions) in zip(ids, samples)]
+
+
+def _samples(path: Path, problems: EntryProblems) -> Iterable[tuple[str, dict[str, tarfile.TarInfo], dict[str, bytes]]]:
+    """(key, {extension: member}, {extension: text bytes}) for each sample of the shard, in order."""
+    members: dict[str, dict[str, tarfile.TarInfo]] = {}
+    texts: dict[str, dict[str, bytes]] = {}
+    try:
+        size = path.stat().st_size
+        with tarfile.open(path, mode="r:") as tar:  # uncompressed only: random access needs it
+            for info in tar:
+                key, extension = base_plus_ext(info.name) if info.isfile() else (None, None)
+                if key is None:
+                    continue
+                extension = extension.lower()
+                if info.offset_data + info.size > size:
+                    members.pop(key, None)  # the sample it belongs to is incomplete
+                    raise EOFError(f"{key}.{extension} is cut short")
+                members.setdefault(key, {})[extension] = info
+                if extension in ("txt", "json"):
+                    texts.setdefault(key, {})[extension] = tar.extractfile(info).read()  # type: ignore[union-attr]
+    except FileNotFoundError:
+        problems.add(f"{path}: shard not found")
+    except (tarfile.TarError, OSError, EOFError) as err:
+        compressed = isinstance(err, tarfile.ReadError) and not members
+        reason = "not an uncompressed tar file" if compressed else f"{type(err).__name__}: {err}"
+        problems.add(f"{path}: unreadable after {len(members)} samples ({reason})")
+    for key, found in members.items():
+        yield key, found, texts.get(key, {})
+
+
+def _sample(
+    path: Path, key: str, members: dict[str, tarfile.TarInfo], texts: dict[str, bytes]
+) -> tuple[int | None, FileSlice, tuple[str, ...]]:
+    extension = next((e for e in IMAGE_EXTENSIONS if e in members), None)
+    if extension is None:
+        raise AnnotationError(f"{path}: {key}: no image ({', '.join('.' + e for e in IMAGE_EXTENSIONS)})")
+    info = members[extension]
+    image = FileSlice(path, info.offset_data, info.size, info.name)
+    meta: dict[str, Any] = {}
+    if "json" in texts:
+        try:
+            meta = json.loads(texts["json"])
+        except ValueError as err:
+            raise AnnotationError(f"{path}: {key}.json: not JSON ({err})") from err
+        if not isinstance(meta, dict):
+            raise AnnotationError(f"{path}: {key}.json: expected an object")
+    if isinstance(meta.get("captions"), list) and meta["captions"]:
+        given, where = meta["captions"], f"{key}.json captions"
+    elif "txt" in texts:
+        given, where = [texts["txt"].decode("utf-8", errors="surrogateescape")], f"{key}.txt"
+    elif "caption" in meta:
+        given, where = [meta["caption"]], f"{key}.json caption"
+    else:
+        raise AnnotationError(f"{path}: {key}: no caption (a .txt, or caption/captions in its .json)")
+    captions = []
+    for text in given:
+        problem = "expected a string" if not isinstance(text, str) else invalid_text(text)
+        caption = " ".join(text.split()) if isinstance(text, str) else ""
+        if problem or not caption:
+            raise AnnotationError(f"{path}: {where}: {problem or 'empty caption'}")
+        captions.append(caption)
+    image_id = meta.get("image_id")
+    return (image_id if isinstance(image_id, int) and not isinstance(image_id, bool) else None), image, tuple(captions)
