@@ -105,7 +105,7 @@ def test_conv_stem_gives_the_patch_grid_and_patch_stem_keeps_vit_weights() -> No
     assert conv(images).shape == plain(images).shape == (2, 1 + 16, 32)
     assert {k for k in plain.state_dict() if k.startswith("patch_embed.")} == {"patch_embed.proj.weight", "patch_embed.proj.bias"}
     assert sum(k.startswith("patch_embed.stem.") for k in conv.state_dict()) == 6  # three 3x3 convolutions
-    with pytest.raises(ValueError, match="power-of-two patch_size, got 12"):
+    with pytest.raises(ValueError, match="power-of-two patch_size, got patch_size=12"):
         VisionEncoder(image_size=36, patch_size=12, dim=32, depth=1, num_heads=2, stem="conv")
     with pytest.raises(ValueError, match="stem='resnet' must be one of patch, conv"):
         VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, stem="resnet")
