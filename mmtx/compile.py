@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import lightning as L
 import torch
 from torch import nn
 
 from mmtx.nn.blocks import TransformerBlock
+
+log = logging.getLogger("mmtx")
 
 
 class _CompiledUnlessCached:
@@ -31,3 +35,15 @@ def compile_blocks(model: nn.Module, **options: Any) -> int:
         if not isinstance(block.forward, _CompiledUnlessCached):
             block.forward = _CompiledUnlessCached(block.forward, **options)  # type: ignore[method-assign]
     return len(blocks)
+
+
+class CompileBlocks(L.Callback):
+    """``compile=true`` in mmtx-train: the task's transformer blocks are compiled when training is
+    set up (Lightning's hook for changing the model to train), not by the command after building."""
+
+    def __init__(self, enabled: bool = True, **options: Any) -> None:
+        self.enabled, self.options = enabled, options
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.enabled and stage == "fit":
+            log.info("torch.compile: %d transformer blocks", compile_blocks(pl_module.model, **self.options))

@@ -2,7 +2,7 @@
 
 Prints ONE JSON line on stdout (progress goes to stderr)::
 
-    python scripts/bench_data.py                      # shapes + a synthetic COCO-like set
+    python scripts/bench_data.py                      # shapes + a synthetic COCO-like set, folder and shards
     python scripts/bench_data.py --sources coco \\
         --coco-annotations annotations/captions_val2014.json --coco-images val2014
 
@@ -20,6 +20,9 @@ How the figures are measured
   otherwise a synthetic stand-in in the same format — smooth random JPEGs of COCO's usual 640x480
   (quality 90, so files and decode times are COCO-like), five captions each — resized to
   ``--coco-size`` px as ``data=coco`` does.
+* ``coco_shards``: the same images and captions written by mmtx-shards' writer as WebDataset
+  shards, each image re-encoded as a JPEG at ``--shard-image-size`` px (shorter side), read by
+  ``data=webdataset`` and resized to ``--coco-size`` px: what converting a folder once buys.
 * On a machine with fewer cores than workers + 1 the workers compete with the main process; the
   figures say how fast the loader alone can go, not how much a training step is slowed.
 """
@@ -75,6 +78,7 @@ def synthetic_coco(root: Path, count: int, seed: int = 0) -> tuple[Path, Path]:
 
 def make_datamodule(source: str, args: argparse.Namespace, workers: int, tokenizer: Any = None) -> Any:
     from mmtx.data.captions import CocoCaptions
+    from mmtx.data.shards import ShardCaptions
     from mmtx.data.synthetic import ShapesCaptions
 
     # decoded by the loader every epoch (not held in memory): what this script measures
@@ -90,7 +94,17 @@ def make_datamodule(source: str, args: argparse.Namespace, workers: int, tokeniz
         root = Path(args.root) / f"coco-synthetic-{args.coco_count}"
         annotations, images = synthetic_coco(root, args.coco_count)
         files = {"annotations": str(annotations), "images": str(images)}
-    return CocoCaptions(train=files, image_size=args.coco_size, **common)
+    folder = CocoCaptions(train=files, image_size=args.coco_size, **common)
+    if source == "coco":
+        return folder
+    shards = Path(args.root) / f"coco-shards-{args.coco_count}-{args.shard_image_size}px"
+    if not (shards / "done").exists():
+        from mmtx.data.shards.write import write_shards
+
+        written = write_shards(folder.records("train"), shards, "train", image_size=args.shard_image_size)
+        (shards / "done").write_text(" ".join(written["shards"]))
+    names = (shards / "done").read_text().split()
+    return ShardCaptions(train={"shards": [str(shards / n) for n in names]}, image_size=args.coco_size, **common)
 
 
 def measure(source: str, args: argparse.Namespace, tokenizer: Any, workers: int) -> dict[str, float]:
@@ -131,7 +145,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         tokenizer = Tokenizer.train(dm.texts("train"), vocab_size=1000)
         entry: dict[str, Any] = {
             "image_size": args.shapes_size if source == "shapes" else args.coco_size,
-            "files": "official" if source == "coco" and args.coco_annotations else "generated",
+            "files": "official" if source != "shapes" and args.coco_annotations else "generated",
         }
         for workers in args.workers:
             log(f"{source}: {workers} worker(s)")
@@ -146,8 +160,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "for several worker counts; prints one JSON line.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--sources", type=lambda s: s.split(","), default=["shapes", "coco"],
-                   help="comma-separated: shapes, coco")
+    p.add_argument("--sources", type=lambda s: s.split(","), default=["shapes", "coco", "coco_shards"],
+                   help="comma-separated: shapes, coco, coco_shards")
     p.add_argument("--workers", type=lambda s: [int(w) for w in s.split(",")], default=[0, 1, 2],
                    help="comma-separated worker counts")
     p.add_argument("--batch-size", type=int, default=32, help="images per batch")
@@ -158,6 +172,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shapes-count", type=int, default=1024, help="shapes training images to generate")
     p.add_argument("--coco-size", type=int, default=224, help="side the COCO images are resized to")
     p.add_argument("--coco-count", type=int, default=768, help="synthetic COCO-like images to generate")
+    p.add_argument("--shard-image-size", type=int, default=256, help="coco_shards: the shards' image size (shorter side)")
     p.add_argument("--coco-annotations", default=None, help="an official captions_*.json (else synthetic)")
     p.add_argument("--coco-images", default=None, help="the folder of those annotations' images")
     args = p.parse_args(argv)

@@ -54,6 +54,21 @@ def test_jsonl_and_csv_give_the_same_records(tmp_path: Path) -> None:
     assert read_pairs(listed, tmp_path)[0].captions == ("a red ball", "a red circle")  # a list: all of them
 
 
+def test_parquet_gives_the_records_of_jsonl(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"image": [i for i, _ in ROWS], "caption": [c for _, c in ROWS]}), tmp_path / "p.parquet")
+    jsonl = write_jsonl(tmp_path / "p.jsonl", [{"image": i, "caption": c} for i, c in ROWS])
+    assert read_pairs(tmp_path / "p.parquet", tmp_path) == read_pairs(jsonl, tmp_path)
+    lists = pa.table({"image": ["red.png", "green.png"], "caption": [["a red ball", "red"], ["a green ball"]]})
+    pq.write_table(lists, tmp_path / "l.parquet")  # a list column: all of an image's captions
+    assert [r.captions for r in read_pairs(tmp_path / "l.parquet", tmp_path)] == [("a red ball", "red"), ("a green ball",)]
+    pq.write_table(pa.table({"image": ["red.png"], "text": ["a red ball"]}), tmp_path / "bad.parquet")
+    with pytest.raises(AnnotationError, match="bad.parquet: cannot read its image and caption columns"):
+        read_pairs(tmp_path / "bad.parquet", tmp_path)
+
+
 def test_bad_rows_are_named_by_line_or_left_out(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text(

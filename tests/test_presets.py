@@ -91,6 +91,26 @@ def test_compiled_blocks_match_eager_and_decoding_stays_eager() -> None:
     assert torch.equal(tokens[0], tokens[1])
 
 
+def test_compile_true_compiles_the_blocks_when_fit_is_set_up() -> None:
+    """``compile=true`` is the config's CompileBlocks callback: it compiles the task's blocks in
+    Lightning's setup hook (for fit only), nothing in mmtx-train changes the task after building."""
+    from hydra.utils import instantiate
+
+    from mmtx.compile import CompileBlocks, _CompiledUnlessCached
+    from tests.helpers import compose_train
+
+    for flag, expected in (("compile=true", True), ("compile=false", False)):
+        callback = instantiate(compose_train([flag, "paths.output_dir=/unused"]).callbacks.compile)
+        assert isinstance(callback, CompileBlocks) and callback.enabled is expected
+    task = torch.nn.Module()
+    task.model = tiny_captioner()
+    CompileBlocks().setup(None, task, "validate")  # type: ignore[arg-type]
+    assert not any(isinstance(m.forward, _CompiledUnlessCached) for m in task.model.modules())
+    CompileBlocks().setup(None, task, "fit")  # type: ignore[arg-type]
+    blocks = [m for m in task.model.modules() if type(m).__name__ == "TransformerBlock"]
+    assert len(blocks) == 4 and all(isinstance(b.forward, _CompiledUnlessCached) for b in blocks)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
 @pytest.mark.parametrize("preset", [["trainer=gpu"], ["trainer=gpu", "compile=true"], ["trainer=fsdp", "trainer.devices=1"]])
 def test_gpu_presets_train(preset: list[str], tiny: list[str], tmp_path: Path) -> None:

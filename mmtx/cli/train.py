@@ -26,7 +26,6 @@ from mmtx.cli.common import (
     make_trainer,
     to_container,
 )
-from mmtx.compile import compile_blocks
 from mmtx.config_check import check_train_config
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.metrics.table import format_metrics_table
@@ -66,8 +65,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if start:
         init_from(task, start, cfg.init_from, task.init_renames)
     del resumed, start  # Lightning restores the resumed checkpoint itself, in fit
-    if cfg.compile:
-        log.info("torch.compile: %d transformer blocks", compile_blocks(task.model))
 
     loggers = instantiate_dict(cfg.get("logger"))
     for logger in loggers:

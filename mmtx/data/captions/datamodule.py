@@ -9,12 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from mmtx.data.bad_data import FAILURES_KEY, Policy
 from mmtx.data.base import FileSplits, ImageTextDataModule, ImageTextDataset, split_files
 from mmtx.data.captions.files import CaptionRecord, read_coco_captions, read_karpathy, read_pairs
+from mmtx.data.packed import PackedList
 from mmtx.data.tokenizer import Tokenizer
 
 
@@ -23,28 +25,28 @@ class CaptionDataset(ImageTextDataset):
 
     ``pairs=True`` (training) yields one example per (image, caption) pair, as is usual on COCO;
     ``pairs=False`` (evaluation) yields one example per image with all its references. An image
-    that fails to decode is handled as `ImageTextDataset` says.
+    that fails to decode is handled as `ImageTextDataset` says. The records are packed
+    (`PackedList`), so that loader workers reading them do not copy them.
     """
 
     def __init__(
         self, records: list[CaptionRecord], transform: Any, pairs: bool, on_bad_image: Policy = "error"
     ) -> None:
         super().__init__(transform, on_bad_image)
-        self.records = records
-        self.index = (
-            [(r, c) for r, rec in enumerate(records) for c in range(len(rec.captions))]
-            if pairs
-            else [(r, 0) for r in range(len(records))]
-        )
+        self.records = PackedList(records)
+        counts = np.array([len(rec.captions) for rec in records] if pairs else [1] * len(records), dtype=np.int64)
+        record = np.repeat(np.arange(len(records)), counts)  # (N,) the record of each example
+        caption = np.arange(len(record)) - np.repeat(np.cumsum(counts) - counts, counts)  # (N,) its caption
+        self.index = np.stack([record, caption], axis=1)  # (N, 2)
 
     def __len__(self) -> int:
         return len(self.index)
 
     def image_path(self, i: int) -> Path:
-        return self.records[self.index[i][0]].path
+        return self.records[int(self.index[i, 0])].path
 
     def example(self, i: int, image: torch.Tensor) -> dict[str, Any]:
-        r, c = self.index[i]
+        r, c = self.index[i].tolist()
         rec = self.records[r]
         return {
             "image": image,

@@ -106,15 +106,16 @@ def read_coco_captions(
 def read_pairs(
     file: str | os.PathLike, images: str | os.PathLike, skipped: list[str] | None = None
 ) -> list[CaptionRecord]:
-    """Read a file of (image, caption) rows: JSONL (one object per line) or CSV (a header row).
+    """Read a file of (image, caption) rows: JSONL (one object per line), CSV (a header row) or
+    Parquet (``image`` and ``caption`` columns; needs pyarrow, the extra ``mmtx[parquet]``).
 
     ``image`` is a path relative to ``images``; ``caption`` a string, or in JSONL a list of
     strings. Rows naming the same image add to its captions; image ids are 1, 2, ... in order of
     first appearance. Bad rows (named by line) raise or are skipped as in `read_coco_captions`.
     """
     file, root = Path(file), Path(images)
-    if file.suffix.lower() not in (".jsonl", ".csv"):
-        raise AnnotationError(f"{file}: a pairs file is .jsonl or .csv, not {file.suffix or 'without a suffix'}")
+    if file.suffix.lower() not in (".jsonl", ".csv", ".parquet"):
+        raise AnnotationError(f"{file}: a pairs file is .jsonl, .csv or .parquet, not {file.suffix or 'without a suffix'}")
     problems = EntryProblems(file, skipped)
     captions: dict[Path, list[str]] = {}
     for where, row in _rows(file):
@@ -138,8 +139,12 @@ def read_pairs(
 
 
 def _rows(file: Path) -> Iterator[tuple[str, Any]]:
-    """("line N", row) for each row of a JSONL or CSV file; a JSONL line that is not JSON gives
-    its `AnnotationError` as the row, to be reported with the other bad rows."""
+    """("line N", row) for each row of a JSONL or CSV file (("row N", row) of a Parquet file); a
+    JSONL line that is not JSON gives its `AnnotationError` as the row, to be reported with the
+    other bad rows."""
+    if file.suffix.lower() == ".parquet":
+        yield from _parquet_rows(file)
+        return
     text = read_text(file, "pairs file")
     if file.suffix.lower() == ".csv":
         reader = csv.DictReader(io.StringIO(text, newline=""))
@@ -154,6 +159,21 @@ def _rows(file: Path) -> Iterator[tuple[str, Any]]:
                 yield f"line {number}", json.loads(line)
             except ValueError as err:
                 yield f"line {number}", AnnotationError(f"{file}: line {number}: invalid JSON: {err}")
+
+
+def _parquet_rows(file: Path) -> Iterator[tuple[str, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise AnnotationError(f"{file}: reading Parquet needs pyarrow: pip install 'mmtx[parquet]'") from None
+    if not file.is_file():
+        raise AnnotationError(f"{file}: pairs file not found")
+    try:
+        table = pq.read_table(file, columns=["image", "caption"])
+    except Exception as err:  # pyarrow's errors: ArrowInvalid, OSError, KeyError for a missing column
+        raise AnnotationError(f"{file}: cannot read its image and caption columns ({type(err).__name__}: {err})") from err
+    for number, row in enumerate(table.to_pylist(), 1):
+        yield f"row {number}", row
 
 
 def read_karpathy(

@@ -10,6 +10,7 @@ from torch.utils.data import Dataset
 
 from mmtx.data.bad_data import FAILURES_KEY, Policy
 from mmtx.data.base import FileSplits, ImageTextDataModule, ImageTextDataset, split_files
+from mmtx.data.packed import PackedList
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.data.vqa.files import VqaRecord, read_vqa
 
@@ -20,7 +21,7 @@ class VqaDataset(ImageTextDataset):
 
     def __init__(self, records: list[VqaRecord], transform: Any, on_bad_image: Policy = "error") -> None:
         super().__init__(transform, on_bad_image)
-        self.records = records
+        self.records = PackedList(records)  # read by loader workers without copying (see PackedList)
 
     def __len__(self) -> int:
         return len(self.records)
