@@ -206,7 +206,7 @@ def steps_read(folder: Path) -> dict[int, list[int]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["caption", "pretrain"])
 def test_one_and_two_processes_and_a_resumed_run_read_the_same_samples(cli, task: str, tmp_path: Path, repo_on_path) -> None:
-    """150 samples in 4 shards (of 40, 40, 40 and 30: they do not divide among 2 processes), 3 of
+    """A brace pattern, quoted for Hydra as a user types it; 150 samples in 4 shards (of 40, 40, 40 and 30: they do not divide among 2 processes), 3 of
     them without a caption (left out): in one epoch, 1 process with batch 16 and 2 with batch 8
     read the same samples, each image once per caption; a run killed mid-epoch and resumed
     from its last checkpoint reads, step by step, what the uninterrupted run read."""
@@ -215,7 +215,7 @@ def test_one_and_two_processes_and_a_resumed_run_read_the_same_samples(cli, task
     spec = write_test_shards(tmp_path / "shards")
     model = TINY_MODEL if task == "caption" else ["task=pretrain", *TINY_TWO_STREAM]
     common = [
-        "data=webdataset", f"data.train.shards={spec}", f"data.val.shards={spec}", "data.on_bad_annotation=skip",
+        "data=webdataset", f"data.train.shards='{spec}'", f"data.val.shards='{spec}'", "data.on_bad_annotation=skip",
         "data.image_size=32", "data.num_workers=0", *model, "logger=none", "trainer.max_epochs=1",
         "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "callbacks.step_checkpoint.every_n_train_steps=3",
         "+callbacks.ids._target_=tests.helpers.RecordImageIds",

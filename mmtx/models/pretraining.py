@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,9 @@ from mmtx.models.masking import IGNORE, mask_patches, mask_tokens
 from mmtx.models.patch_targets import NormalizedPixels
 from mmtx.models.two_stream import TwoStreamModel, Unimodal
 from mmtx.nn.init import init_weights
+
+
+OBJECTIVES = ("mlm", "mpm", "itm", "itc")  # the loss weights of `Objectives`
 
 
 @dataclass
@@ -38,7 +41,7 @@ class Objectives:
     hard_negatives_from: float = 0.3  # ...once this fraction of the run's budget is done (random ones before)
 
     def __post_init__(self) -> None:
-        weights = ("mlm", "mpm", "itm", "itc")
+        weights = OBJECTIVES
         rates = ("mask_prob", "patch_mask_prob", "patch_replace_prob", "negative_prob", "hard_negatives_from")
         problems = [f"objectives.{k}={getattr(self, k)!r} must be a number >= 0 (0: off)"
                     for k in weights if not getattr(self, k) >= 0]
@@ -73,25 +76,35 @@ class TwoStreamPretrainer(nn.Module):
         itc_dim: width of the contrastive embedding space.
         mask_id, special_ids: the tokenizer's [MASK] id and the ids never masked or sampled
             (filled in by the task from its tokenizer).
+        heads: the objectives whose heads are built (the task gives those with a weight > 0:
+            parameters no loss uses would stop data-parallel training, which reduces every
+            parameter's gradient).
     """
 
     def __init__(
         self, backbone: TwoStreamModel, patch_target: Callable[[Tensor], Tensor] | None = None,
         itc_dim: int = 128, mask_id: int | None = None, special_ids: list[int] | None = None,
+        heads: Sequence[str] = OBJECTIVES,
     ) -> None:
         super().__init__()
         v, t = backbone.vision, backbone.text
         self.backbone = backbone
         self.patch_target = patch_target or NormalizedPixels(v.patch_embed.patch_size)
         self.mask_id, self.special_ids = mask_id, list(special_ids or [])
-        self.mlm_head = MlmHead(t.dim, t.token_embed)
-        self.mpm_head = nn.Linear(v.dim, self.patch_target.dim)
-        self.itm_head = nn.Linear(backbone.joint_dim, 2)
-        self.itc_vision = nn.Linear(v.dim, itc_dim)
-        self.itc_text = nn.Linear(t.dim, itc_dim)
-        self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
-        for head in (self.mlm_head.transform, self.mpm_head, self.itm_head, self.itc_vision, self.itc_text):
-            head.apply(init_weights)
+        unknown = set(heads) - set(OBJECTIVES)
+        if unknown:
+            raise ValueError(f"heads={list(heads)}: {', '.join(sorted(unknown))} not among {', '.join(OBJECTIVES)}")
+        self.heads = tuple(heads)
+        self.mlm_head = MlmHead(t.dim, t.token_embed) if "mlm" in heads else None
+        self.mpm_head = nn.Linear(v.dim, self.patch_target.dim) if "mpm" in heads else None
+        self.itm_head = nn.Linear(backbone.joint_dim, 2) if "itm" in heads else None
+        itc = "itc" in heads
+        self.itc_vision = nn.Linear(v.dim, itc_dim) if itc else None
+        self.itc_text = nn.Linear(t.dim, itc_dim) if itc else None
+        self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07))) if itc else None
+        for head in (self.mlm_head and self.mlm_head.transform, self.mpm_head, self.itm_head, self.itc_vision, self.itc_text):
+            if head is not None:
+                head.apply(init_weights)
 
     # --- scores used for training and evaluation -------------------------------------------------
     def itc_similarity(self, u: Unimodal) -> Tensor:
@@ -123,6 +136,9 @@ class TwoStreamPretrainer(nn.Module):
                 out.append((logits[:, 1] - logits[:, 0]).float())
             return torch.cat(out)
 
+        if self.itm_head is None:  # the contrastive loss alone: its similarity ranks
+            sim = self.itc_similarity(u).float()
+            return sim, sim
         if rerank is None:
             img, txt = torch.arange(N, device=device).repeat_interleave(M), torch.arange(M, device=device).repeat(N)
             scores = itm(img, txt).view(N, M)

@@ -12,7 +12,7 @@ from hydra.utils import instantiate
 
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.metrics.retrieval import retrieval_recall
-from mmtx.models.pretraining import Objectives, TwoStreamPretrainer
+from mmtx.models.pretraining import OBJECTIVES, Objectives, TwoStreamPretrainer
 from mmtx.models.two_stream import Unimodal
 from mmtx.tasks.base import Task
 from mmtx.tasks.gather import gather_unique
@@ -45,12 +45,13 @@ class PretrainTask(Task):
         super().__init__(data_config)
         self.save_hyperparameters(logger=False, ignore=["data_config"])
         self.tokenizer = tok = Tokenizer.from_str(tokenizer)
+        self.objectives = Objectives(**(objectives or {}))
         self.model: TwoStreamPretrainer = instantiate(
             model, backbone={"text": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}},
             mask_id=tok.mask_id, special_ids=sorted(tok.special_ids),
+            heads=[k for k in OBJECTIVES if getattr(self.objectives, k) > 0],  # the heads the losses use
         )
         self.check_text_length("backbone.text", self.model.backbone.text.max_length)
-        self.objectives = Objectives(**(objectives or {}))
         self.val_outputs: list[dict[str, Any]] = []
         self.metrics: dict[str, float] = {}
         self._vision_rope: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -103,7 +104,8 @@ class PretrainTask(Task):
         if scored and self.trainer.is_global_zero:  # on every image once: whatever the processes and batches
             if self.objectives.itm > 0:
                 metrics["itm_accuracy"] = self.alignment_accuracy(scored)
-            metrics.update(self.retrieval(items))
+            if self.objectives.itm > 0 or self.objectives.itc > 0:  # a head that scores image-text pairs
+                metrics.update(self.retrieval(items))
         metrics = self.trainer.strategy.broadcast(metrics)
         self.metrics = metrics
         self.log_dict({f"val/{k}": v for k, v in metrics.items()}, sync_dist=True)  # equal on every rank
