@@ -176,7 +176,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--coco-annotations", default=None, help="an official captions_*.json (else synthetic)")
     p.add_argument("--coco-images", default=None, help="the folder of those annotations' images")
     args = p.parse_args(argv)
-    unknown = set(args.sources) - {"shapes", "coco"}
+    unknown = set(args.sources) - {"shapes", "coco", "coco_shards"}
     if unknown:
         p.error(f"unknown source(s): {', '.join(sorted(unknown))}")
     if bool(args.coco_annotations) != bool(args.coco_images):
