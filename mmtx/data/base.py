@@ -9,6 +9,7 @@ listed in each batch (``image_failures``) instead of as a crash inside the worke
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -236,6 +237,11 @@ class ImageTextDataModule(L.LightningDataModule):
         if train and self._resume_at is not None:
             sampler.resume(*self._resume_at)
             self._resume_at = None
+        if self.num_workers > 0:
+            # the workers fork from this process and share its memory until they write to it; the
+            # cyclic garbage collector writes to every object it visits, so each worker would copy
+            # the pages of all the records, vocabularies... held here. Frozen, they are left alone.
+            gc.freeze()
         return ScreenedLoader(
             SeededDataset(self.datasets[split]),
             failures=DecodeFailures(split, self.on_bad_image, self.report),
