@@ -10,7 +10,8 @@ How the figures are measured
 ----------------------------
 * The loader is the one ``mmtx-train`` uses: the data module's ``train_dataloader()`` (seeded
   shuffling, image decoding and the transforms inside the dataset, tokenization and stacking in
-  the collator — all of it in the worker processes when ``num_workers > 0``).
+  the collator — all of it in the worker processes when ``num_workers > 0``). Its batches hold
+  uint8 images: ``mmtx-train`` normalises them on the training device, outside the loader.
 * For each worker count, the first batch is timed on its own (``first_batch_s``: worker start-up
   included) and not counted; ``images_per_s`` is the next ``--batches`` batches' images over their
   wall time, read as fast as the loader delivers them (nothing else runs in the main process).

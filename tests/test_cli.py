@@ -467,11 +467,17 @@ def test_mmtx_caption_prints_one_caption_per_image(cli, trained: Run, val_record
     images = [tmp_path / "a.png", tmp_path / "b b.jpg", tmp_path / "c.png"]  # a space in a name, a JPEG
     copy_images([r.path for r in val_records[:3]], tmp_path, [p.name for p in images])
     listed = "images=[" + ",".join(f"'{p}'" for p in images) + "]"
-    greedy, beam = cli.run_many(
+    greedy, beam, mapped = cli.run_many(
         ("mmtx-caption", f"ckpt={trained.last}", listed),
         ("mmtx-caption", f"ckpt={trained.last}", listed, "generation.num_beams=3", "batch_size=2"),
+        ("mmtx-caption", f"ckpt={trained.last}", listed, f"attention={tmp_path / 'maps'}", "batch_size=2"),
         cwd=tmp_path,
     )
+    # with attention maps: the same captions, and a PNG per image (the image, then a panel per word)
+    assert [line for line in mapped.stdout.splitlines() if "\t" in line] == \
+        [line for line in greedy.stdout.splitlines() if "\t" in line]  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "maps").iterdir()) == ["a.png", "b b.png", "c.png"]
+    assert Image.open(tmp_path / "maps" / "a.png").size[0] == 4 * 160
     printed = []
     for result in (greedy, beam):
         lines = [line.split("\t") for line in result.stdout.splitlines() if "\t" in line]

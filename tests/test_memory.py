@@ -14,7 +14,7 @@ from mmtx.data.captions import CaptionRecord
 from mmtx.data.captions.datamodule import CaptionDataset
 from mmtx.data.images import ImageLoadError
 from mmtx.data.memory import ImagesInMemory, fits_in_memory
-from mmtx.data.transforms import build_transforms
+from mmtx.data.transforms import build_pixels, build_transforms, normalize_images
 
 
 def write_images(folder: Path, count: int, size: int = 40) -> list[Path]:
@@ -29,7 +29,7 @@ def write_images(folder: Path, count: int, size: int = 40) -> list[Path]:
 
 def dataset(paths: list[Path], policy: str = "error") -> CaptionDataset:
     records = [CaptionRecord(i + 1, p, (f"caption {i}", f"other {i}")) for i, p in enumerate(paths)]
-    return CaptionDataset(records, build_transforms(32, train=False), pairs=True, on_bad_image=policy)
+    return CaptionDataset(records, build_pixels(32, train=False), pairs=True, on_bad_image=policy)
 
 
 def test_examples_from_memory_equal_examples_from_disk(tmp_path: Path) -> None:
@@ -64,3 +64,19 @@ def test_a_bad_image_in_memory_follows_the_policy(tmp_path: Path) -> None:
 
 def test_auto_holds_only_what_fits() -> None:
     assert fits_in_memory(1000, 64) and not fits_in_memory(200_000, 224)
+
+
+def test_uint8_batches_normalised_on_the_device_equal_the_whole_pipeline(tmp_path: Path) -> None:
+    """Loader workers pass uint8 images; the data module normalises the batch once Lightning has
+    moved it (on_after_batch_transfer): the same numbers as the one-image pipeline of the CLIs."""
+    from mmtx.data.captions import CocoCaptions
+    from mmtx.data.images import read_image
+
+    paths = write_images(tmp_path, 3)
+    pixels = torch.stack([build_pixels(32, train=False)(read_image(p)) for p in paths])
+    assert pixels.dtype == torch.uint8
+    expected = torch.stack([build_transforms(32, train=False)(read_image(p)) for p in paths])
+    assert torch.equal(normalize_images(pixels), expected)
+    module = CocoCaptions(image_size=32, tokenizer=lambda texts: None)
+    batch = module.on_after_batch_transfer({"images": pixels.clone(), "input_ids": torch.zeros(3, 4)}, 0)
+    assert torch.equal(batch["images"], expected)

@@ -1,29 +1,53 @@
-"""``mmtx-caption``: print a caption for each image file."""
+"""``mmtx-caption``: print a caption for each image file (and, with ``attention=DIR``, write
+where each word was read from in the image)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 
 import hydra
 import torch
 from omegaconf import DictConfig
 
+from mmtx.attention_maps import attention_grid, caption_maps
 from mmtx.checkpoint import load_task
 from mmtx.cli.common import CONFIG_DIR, friendly_errors, generation_override
 from mmtx.data.images import read_image
-from mmtx.data.transforms import build_transforms
+from mmtx.data.transforms import build_resize, normalize_images
 
 
 def caption_files(cfg: DictConfig) -> list[str]:
-    """Captions for ``cfg.images`` in order, made by the checkpoint's model."""
+    """Captions for ``cfg.images`` in order, made by the checkpoint's model; with
+    ``cfg.attention`` a folder, one PNG per image there: the caption and a heat map per word."""
     task = load_task(cfg.ckpt, map_location=cfg.device)
     task.generation = generation_override(task.generation, cfg.generation)
-    transform = build_transforms(cfg.image_size or task.model.encoder.image_size, train=False)
+    resize = build_resize(cfg.image_size or task.model.encoder.image_size)
     paths = [cfg.images] if isinstance(cfg.images, str) else list(cfg.images)
-    captions = []
+    folder = Path(cfg.attention) if cfg.get("attention") else None
+    captions: list[str] = []
     for start in range(0, len(paths), cfg.batch_size):
-        batch = torch.stack([transform(read_image(p)) for p in paths[start : start + cfg.batch_size]])
-        captions += task.caption(batch.to(cfg.device))
+        chunk = paths[start : start + cfg.batch_size]
+        pixels = torch.stack([resize(read_image(p)) for p in chunk])  # uint8 (B, 3, S, S)
+        images = normalize_images(pixels.to(cfg.device))
+        ids = task.generate_ids(images)
+        texts = task.tokenizer.decode_batch(ids.cpu())
+        captions += texts
+        if folder is not None:
+            with torch.no_grad():
+                maps = caption_maps(task, images, ids)
+            for path, image, text, (words, word_maps) in zip(chunk, pixels, texts, maps):
+                _write_png(attention_grid(image, text, words, word_maps), folder, Path(path).stem)
     return captions
+
+
+def _write_png(picture, folder: Path, stem: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    target, n = folder / f"{stem}.png", 1
+    while target.exists():  # two images of one name from different folders
+        n += 1
+        target = folder / f"{stem}_{n}.png"
+    picture.save(target)
+    return target
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="caption")
@@ -32,6 +56,8 @@ def main(cfg: DictConfig) -> None:
     paths = [cfg.images] if isinstance(cfg.images, str) else list(cfg.images)
     for path, caption in zip(paths, caption_files(cfg)):
         print(f"{path}\t{caption}")
+    if cfg.get("attention"):
+        print(f"attention maps: {cfg.attention}")
 
 
 if __name__ == "__main__":

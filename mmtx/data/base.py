@@ -35,7 +35,7 @@ from mmtx.data.images import ImageLoadError, read_image
 from mmtx.data.memory import ImagesInMemory, fits_in_memory
 from mmtx.data.sampling import SeededDataset, ShardedBatchSampler, position_in_epoch
 from mmtx.data.tokenizer import Tokenizer, TokenizerError
-from mmtx.data.transforms import build_normalize, build_transforms
+from mmtx.data.transforms import build_pixels, normalize_images
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,9 @@ class FileSplits:
 
 
 class ImageTextDataModule(L.LightningDataModule):
-    """Batches of images with text, read from per-split records.
+    """Batches of images with text, read from per-split records. A batch's images are uint8
+    until Lightning has moved the batch to the training device, where they are normalised
+    (`on_after_batch_transfer`); a loader read outside a Trainer gives them as uint8.
 
     Subclasses say where the records come from (``load_records``), how a split becomes a data
     set (``make_dataset``) and how examples are batched (``make_collator``); ``preflight_scan``
@@ -192,7 +194,7 @@ class ImageTextDataModule(L.LightningDataModule):
                   "test": (("test", False),)}.get(stage, ())  # fmt: skip
         for split, train in wanted:
             if split not in self.datasets and self.has_split(split):
-                transform = build_transforms(self.image_size, train=train, crop_scale=self.crop_scale)
+                transform = build_pixels(self.image_size, train=train, crop_scale=self.crop_scale)
                 self.datasets[split] = self.make_dataset(self.records(split), transform, train)
                 self._keep_in_memory(split, train)
         trainer = self.trainer  # attached by Trainer.fit/validate(datamodule=...)
@@ -263,6 +265,12 @@ class ImageTextDataModule(L.LightningDataModule):
             f"data.batch_size={max(1, examples // world_size)} or less"
         )
 
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Lightning's hook once a batch is on the training device: its uint8 images normalised
+        there (`mmtx.data.transforms`)."""
+        batch["images"] = normalize_images(batch["images"])
+        return batch
+
     # --- resuming mid-epoch ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, int]:
         """Where training is in its epoch; Lightning stores it in every checkpoint."""
@@ -311,7 +319,6 @@ class ImageTextDataset(Dataset):
         self.transform = transform
         self.on_bad_image = check_policy(on_bad_image, "on_bad_image")
         self.memory: ImagesInMemory | None = None  # set by `keep_in_memory`
-        self.normalize = build_normalize()
 
     def keep_in_memory(self, image_size: int, desc: str = "decoding images") -> ImagesInMemory:
         """Decode every image now, once, and serve them from memory from then on. Only for a
@@ -321,9 +328,10 @@ class ImageTextDataset(Dataset):
         return self.memory
 
     def image(self, path: Path) -> Tensor:
-        """The transformed image (3, S, S), from memory or decoded from disk."""
+        """The resized (or cropped) uint8 image (3, S, S), from memory or decoded from disk;
+        batches are normalised on the training device (`on_after_batch_transfer`)."""
         if self.memory is not None:
-            return self.normalize(self.memory[path])
+            return self.memory[path]
         return self.transform(read_image(path))
 
     def image_path(self, i: int) -> Path:

@@ -2,6 +2,10 @@
 image), a normalised (3, S, S) float tensor out. Tensors and PIL images are resized by different
 bicubic kernels (torch's antialiased one, Pillow's), so training and inference both read tensors.
 
+The data modules split the pipeline in two: loader workers resize to uint8 (`build_pixels`) and
+batches are normalised where they arrive, on the training device (`normalize_images`): a uint8
+batch is a quarter of the bytes to pass between processes and to the GPU.
+
 There is deliberately no horizontal flip, even for training: captions and questions talk
 about "left of" and "right of", and a flip would silently make them false.
 """
@@ -31,25 +35,28 @@ def build_transforms(
     RandomResizedCrop keeping `lo`..`hi` of the area replaces the squash; `train=True`
     without `crop_scale` is the same deterministic pipeline as evaluation.
     """
-    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size <= 0:
-        raise ValueError(f"image_size must be a positive int, got {image_size!r}")
     mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
     if len(mean) != 3 or len(std) != 3:
         raise ValueError(f"mean and std need 3 values (RGB), got mean={mean} std={std}")
     if min(std) <= 0:
         raise ValueError(f"std must be positive, got {std}")
 
-    if train and crop_scale is not None:
-        lo, hi = crop_scale
-        if not 0.0 < lo <= hi <= 1.0:
-            raise ValueError(f"crop_scale must satisfy 0 < lo <= hi <= 1, got {crop_scale}")
-        crop = v2.RandomResizedCrop(
-            (image_size, image_size), scale=(lo, hi), interpolation=InterpolationMode.BICUBIC, antialias=True
-        )
-        pixels = v2.Compose([crop, v2.PILToTensor()])
-    else:
-        pixels = build_resize(image_size)
-    return v2.Compose([pixels, build_normalize(mean, std)])
+    return v2.Compose([build_pixels(image_size, train, crop_scale), build_normalize(mean, std)])
+
+
+def build_pixels(image_size: int, train: bool, crop_scale: tuple[float, float] | None = None) -> v2.Compose:
+    """The first half of `build_transforms`: RGB pixels -> uint8 (3, image_size, image_size)."""
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size <= 0:
+        raise ValueError(f"image_size must be a positive int, got {image_size!r}")
+    if not (train and crop_scale is not None):
+        return build_resize(image_size)
+    lo, hi = crop_scale
+    if not 0.0 < lo <= hi <= 1.0:
+        raise ValueError(f"crop_scale must satisfy 0 < lo <= hi <= 1, got {crop_scale}")
+    crop = v2.RandomResizedCrop(
+        (image_size, image_size), scale=(lo, hi), interpolation=InterpolationMode.BICUBIC, antialias=True
+    )
+    return v2.Compose([crop, v2.PILToTensor()])
 
 
 def build_resize(image_size: int) -> v2.Compose:
@@ -65,3 +72,10 @@ def build_resize(image_size: int) -> v2.Compose:
 def build_normalize(mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD) -> v2.Compose:
     """uint8 (3, S, S) -> float32 in [0, 1] -> normalised by ``mean``/``std``."""
     return v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean=list(mean), std=list(std))])
+
+
+def normalize_images(images: torch.Tensor) -> torch.Tensor:
+    """A uint8 batch (B, 3, S, S) normalised as `build_normalize` does one image, on its device."""
+    return v2.functional.normalize(
+        v2.functional.to_dtype(images, torch.float32, scale=True), list(IMAGENET_MEAN), list(IMAGENET_STD)
+    )

@@ -87,12 +87,15 @@ class CaptionTask(Task):
     # --- captions ------------------------------------------------------------------------------
     def caption(self, images: torch.Tensor, config: GenerationConfig | None = None) -> list[str]:
         """Generated captions for a batch of transformed images (B, 3, H, W)."""
+        return self.tokenizer.decode_batch(self.generate_ids(images, config).cpu())
+
+    def generate_ids(self, images: torch.Tensor, config: GenerationConfig | None = None) -> torch.Tensor:
+        """The generated token ids (B, L) of :meth:`caption`: no [BOS], padded after [EOS]."""
         tok = self.tokenizer
-        ids = generate(
+        return generate(
             self.model.decoder, self.model.encode(images), bos_id=tok.bos_id, eos_id=tok.eos_id, pad_id=tok.pad_id,
             config=config or self.generation,
         )
-        return tok.decode_batch(ids.cpu())
 
     # --- validation / test ---------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
