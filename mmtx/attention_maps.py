@@ -1,4 +1,5 @@
-"""Where a captioner looked: the decoder's cross-attention over the image, per generated word.
+"""Where a model looked: a captioner's cross-attention over the image per generated word, and a
+VQA model's co-attention of the question over the image.
 
 The weights are captured by forward hooks on a teacher-forced re-run of the generated tokens,
 after generation, so the shared attention stays plain ``F.scaled_dot_product_attention`` (which
@@ -9,6 +10,8 @@ was predicted: the block whose output the next-token head reads. (Attention roll
 the self-attention of one stream's layers; the image tokens a decoder attends to are the
 encoder's final ones, each already a mix of patches, which no product over decoder layers
 undoes: the map says which image tokens the word was read from, each shown at its patch.)
+A question's map is the last co-attention layer's attention from the question's tokens to the
+image tokens, averaged over heads and over the question's tokens.
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 from PIL import Image, ImageDraw
 from torch import Tensor
 
@@ -24,11 +31,9 @@ from mmtx.nn.attention import Attention
 
 
 @torch.no_grad()
-def cross_attention(
-    decoder: CaptionDecoder, input_ids: Tensor, context: Tensor, context_mask: Tensor | None = None
-) -> Tensor:
-    """Every block's cross-attention weights (B, L, H, T, S) for a teacher-forced pass of
-    ``input_ids`` (B, T) over ``context`` (B, S, D); each row sums to 1 over the S context tokens."""
+def attention_weights(modules: list[Attention], run: Callable[[], Any]) -> Tensor:
+    """The weights (B, L, H, T, S) that each of the cross-attention ``modules`` computes while
+    ``run()`` runs; each row sums to 1 over the S context tokens."""
     captured: list[Tensor] = []
 
     def record(module: Attention, args: tuple, kwargs: dict, output: Tensor) -> None:
@@ -41,14 +46,37 @@ def cross_attention(
             scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
         captured.append(scores.softmax(-1))
 
-    blocks = [b for b in decoder.body.blocks if b.cross_attn is not None]
-    hooks = [b.cross_attn.register_forward_hook(record, with_kwargs=True) for b in blocks]
+    hooks = [m.register_forward_hook(record, with_kwargs=True) for m in modules]
     try:
-        decoder(input_ids, context, context_mask=context_mask)
+        run()
     finally:
         for hook in hooks:
             hook.remove()
     return torch.stack(captured, dim=1)
+
+
+def cross_attention(
+    decoder: CaptionDecoder, input_ids: Tensor, context: Tensor, context_mask: Tensor | None = None
+) -> Tensor:
+    """Every decoder block's cross-attention weights (B, L, H, T, S) for a teacher-forced pass of
+    ``input_ids`` (B, T) over ``context`` (B, S, D)."""
+    modules = [b.cross_attn for b in decoder.body.blocks if b.cross_attn is not None]
+    return attention_weights(modules, lambda: decoder(input_ids, context, context_mask=context_mask))
+
+
+@torch.no_grad()
+def question_maps(model: Any, images: Tensor, input_ids: Tensor, mask: Tensor) -> Tensor:
+    """A VQA model's map of each question (B, h, w) over its image: the last co-attention layer's
+    question-to-image weights, averaged over heads and the question's tokens, over the patches."""
+    backbone = model.backbone
+    modules = [layer.text_cross.cross_attn for layer in backbone.co_layers]
+    if not modules:
+        raise ValueError("the model has no co-attention layer: nothing relates the question to the image")
+    weights = attention_weights(modules, lambda: model(images, input_ids, mask))[:, -1].mean(1)  # (B, T, S)
+    tokens = mask.to(weights.dtype)[..., None]  # (B, T, 1)
+    per_question = (weights * tokens).sum(1, keepdim=True) / tokens.sum(1, keepdim=True)  # (B, 1, S)
+    grid = backbone.vision.patch_embed.grid(*images.shape[-2:])
+    return word_maps(per_question[:, None, None], grid)[:, 0]
 
 
 def word_maps(weights: Tensor, grid: tuple[int, int], prefix: int = 1) -> Tensor:
@@ -112,3 +140,15 @@ def attention_grid(image: Tensor, caption: str, words: list[str], maps: Tensor, 
         sheet.paste(picture.resize((panel, panel), Image.Resampling.BICUBIC), (x, y + label))
         draw.text((x + 3, y + 3), text if len(text) <= 26 else text[:25] + "…", fill="black")
     return sheet
+
+
+def write_png(picture: Image.Image, folder: Path, stem: str) -> Path:
+    """Save ``picture`` as ``folder/stem.png`` (``stem_2.png``... when the name is taken: two
+    images of one name from different folders)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    target, n = folder / f"{stem}.png", 1
+    while target.exists():
+        n += 1
+        target = folder / f"{stem}_{n}.png"
+    picture.save(target)
+    return target

@@ -62,3 +62,27 @@ def test_caption_maps_follow_the_generated_words_and_draw_a_grid() -> None:
     assert sheet.size == (4 * 64, -(-(len(words) + 1) // 4) * (64 + 18))
     assert overlay(pixels, torch.eye(4)).size == (32, 32)
     assert heat(torch.tensor([[0.0, 1.0]]).numpy()).tolist() == [[[0, 0, 4], [252, 255, 164]]]
+
+
+def test_a_question_attends_over_the_image_patches() -> None:
+    """The question's map (last co-attention layer, mean over heads and real question tokens)
+    sums to 1 over the patches, and padding tokens do not change it."""
+    from mmtx.attention_maps import question_maps
+    from mmtx.models import TextEncoder, VisionEncoder
+    from mmtx.models.two_stream import TwoStreamModel
+    from mmtx.models.vqa import VqaClassifier
+
+    torch.manual_seed(0)
+    backbone = TwoStreamModel(
+        VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2),
+        TextEncoder(vocab_size=30, dim=32, depth=1, num_heads=2, max_length=8), co_layers=2, joint_dim=24,
+    )
+    model = VqaClassifier(backbone, num_answers=5).eval()
+    images, ids = torch.randn(2, 3, 32, 32), torch.randint(1, 30, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.bool)
+    mask[1, 5:] = False  # the second question has 5 tokens
+    maps = question_maps(model, images, ids, mask)
+    assert maps.shape == (2, 4, 4)
+    torch.testing.assert_close(maps.sum((-1, -2)), torch.ones(2))
+    shorter = question_maps(model, images[1:], ids[1:, :5], mask[1:, :5])
+    torch.testing.assert_close(shorter[0], maps[1], rtol=1e-4, atol=1e-6)

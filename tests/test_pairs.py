@@ -90,7 +90,7 @@ def test_bad_rows_are_named_by_line_or_left_out(tmp_path: Path) -> None:
     assert [r.captions for r in read_pairs(path, tmp_path, skipped)] == [("fine",)] and len(skipped) == 5
     with pytest.raises(AnnotationError, match="must name the columns image and caption"):
         read_pairs(_headerless(tmp_path / "h.csv"), tmp_path)
-    with pytest.raises(AnnotationError, match=r"is \.jsonl or \.csv, not \.txt"):
+    with pytest.raises(AnnotationError, match=r"is \.jsonl, \.csv or \.parquet, not \.txt"):
         read_pairs(tmp_path / "pairs.txt", tmp_path)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 
 from mmtx.checkpoint import load_task, read_checkpoint
 from mmtx.data.vqa import read_vqa
@@ -86,8 +87,10 @@ def test_mmtx_vqa_answers_one_image_and_a_file(cli, runs, tmp_path: Path):
     data_root = next((runs["vqa"].parent / "data").glob("shapes-vqa-*"))
     image = sorted((data_root / "val").glob("*.png"))[0]
     one = cli.run("mmtx-vqa", f"ckpt={ckpt}", f"image={image}", "question=how many shapes are there?",
-                  "top_k=3", cwd=tmp_path)
-    lines = one.stdout.strip().splitlines()
+                  "top_k=3", f"attention={tmp_path / 'maps'}", cwd=tmp_path)
+    *lines, written = one.stdout.strip().splitlines()
+    assert written == f"attention map: {tmp_path / 'maps' / image.with_suffix('.png').name}"
+    assert Image.open(tmp_path / "maps" / image.with_suffix(".png").name).size == (2 * 160, 160 + 18)  # image, map
     assert len(lines) == 3
     scores = [float(line.split("\t")[0]) for line in lines]
     assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)

@@ -9,7 +9,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from mmtx.attention_maps import attention_grid, caption_maps
+from mmtx.attention_maps import attention_grid, caption_maps, write_png
 from mmtx.checkpoint import load_task
 from mmtx.cli.common import CONFIG_DIR, friendly_errors, generation_override
 from mmtx.data.images import read_image
@@ -36,18 +36,8 @@ def caption_files(cfg: DictConfig) -> list[str]:
             with torch.no_grad():
                 maps = caption_maps(task, images, ids)
             for path, image, text, (words, word_maps) in zip(chunk, pixels, texts, maps):
-                _write_png(attention_grid(image, text, words, word_maps), folder, Path(path).stem)
+                write_png(attention_grid(image, text, words, word_maps), folder, Path(path).stem)
     return captions
-
-
-def _write_png(picture, folder: Path, stem: str) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    target, n = folder / f"{stem}.png", 1
-    while target.exists():  # two images of one name from different folders
-        n += 1
-        target = folder / f"{stem}_{n}.png"
-    picture.save(target)
-    return target
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="caption")

@@ -9,11 +9,12 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from mmtx.attention_maps import attention_grid, question_maps, write_png
 from mmtx.checkpoint import CheckpointError, load_task
 from mmtx.cli.common import CONFIG_DIR, friendly_errors
 from mmtx.config_check import ConfigError
 from mmtx.data.images import read_image
-from mmtx.data.transforms import build_transforms
+from mmtx.data.transforms import build_resize, build_transforms, normalize_images
 from mmtx.data.vqa.files import read_vqa
 from mmtx.tasks.vqa import AnswerTask
 
@@ -51,8 +52,21 @@ def main(cfg: DictConfig) -> None:
         Path(cfg.predictions).write_text(json.dumps(results))
         print(f"answered {len(results)} questions: {cfg.predictions}")
     else:
-        for answer, score in answer_questions(task, [(cfg.image, cfg.question)], size, 1, cfg.top_k)[0]:
+        top = answer_questions(task, [(cfg.image, cfg.question)], size, 1, cfg.top_k)[0]
+        for answer, score in top:
             print(f"{score:.4f}\t{answer}")
+        if cfg.get("attention"):
+            print(f"attention map: {question_map_png(task, cfg.image, cfg.question, top[0][0], size, cfg.attention)}")
+
+
+def question_map_png(task: AnswerTask, image: str, question: str, answer: str, size: int, folder: str) -> Path:
+    """``folder/NAME.png``: the image with the question, and where the question looked in it
+    (`mmtx.attention_maps.question_maps`) under the answer."""
+    pixels = build_resize(size)(read_image(image))
+    ids, mask = task.tokenizer.encode_batch([question], task.model.backbone.text.max_length)
+    images = normalize_images(pixels[None].to(task.device))
+    maps = question_maps(task.model, images, ids.to(task.device), mask.to(task.device))
+    return write_png(attention_grid(pixels, question, [answer], maps.cpu(), columns=2), Path(folder), Path(image).stem)
 
 
 if __name__ == "__main__":

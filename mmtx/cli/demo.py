@@ -1,0 +1,157 @@
+"""``mmtx-demo``: a local web page to try a checkpoint (Gradio, the extra ``mmtx[demo]``).
+
+A captioner's page captions an uploaded image (greedy, beam search or sampling) and shows, for
+the word picked, where in the image it was read from (`mmtx.attention_maps`); a VQA checkpoint's
+page answers a typed question with the top answers and their scores. Gradio is the field's
+convention for model demos (LAVIS, Hugging Face Spaces) and serves its page from the package
+itself: nothing is fetched from the internet, and the page binds to 127.0.0.1 unless told
+otherwise. Every failure a visitor can cause (a file that is not an image, a question left
+empty) is a message on the page; the server goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import hydra
+import torch
+from omegaconf import DictConfig
+from PIL import Image
+
+from mmtx.attention_maps import caption_maps, overlay, question_maps
+from mmtx.checkpoint import CheckpointError, load_task
+from mmtx.cli.common import CONFIG_DIR, friendly_errors
+from mmtx.data.images import ImageLoadError, read_image
+from mmtx.data.transforms import build_resize, normalize_images
+from mmtx.tasks.caption import CaptionTask
+from mmtx.tasks.vqa import AnswerTask
+
+DECODING = ("greedy", "beam search", "sampling")
+
+
+class Demo:
+    """What the page calls: the checkpoint's task and how it reads an uploaded file."""
+
+    def __init__(self, task: Any) -> None:
+        self.task = task
+        encoder = task.model.encoder if isinstance(task, CaptionTask) else task.model.backbone.vision
+        self.resize = build_resize((task.data_config or {}).get("image_size") or encoder.image_size)
+
+    def pixels(self, path: str | None) -> torch.Tensor:
+        """The uploaded file as the model's uint8 (3, S, S) input; ImageLoadError if it is none."""
+        if not path:
+            raise ImageLoadError("(nothing)", "upload an image first")
+        return self.resize(read_image(path))
+
+    @torch.no_grad()
+    def caption(self, path: str | None, decoding: str, beams: int, temperature: float, top_p: float):
+        """(status, caption, the words to pick from, the first word's heat map, every word's map)."""
+        try:
+            pixels = self.pixels(path)
+        except ImageLoadError as err:
+            return f"**Not an image we can read:** {err.reason}", "", _choices([]), None, []
+        config = dataclasses.replace(
+            self.task.generation, num_beams=int(beams) if decoding == "beam search" else 1,
+            do_sample=decoding == "sampling", temperature=float(temperature), top_p=float(top_p),
+        )
+        images = normalize_images(pixels[None].to(self.task.device))
+        ids = self.task.generate_ids(images, config)
+        caption = self.task.tokenizer.decode_batch(ids.cpu())[0]
+        words, maps = caption_maps(self.task, images, ids)[0]
+        overlays = [_shown(overlay(pixels, m)) for m in maps]
+        labels = [f"{k + 1}. {w}" for k, w in enumerate(words)]
+        return "", caption, _choices(labels), overlays[0] if overlays else None, overlays
+
+    @torch.no_grad()
+    def answer(self, path: str | None, question: str) -> tuple[str, dict[str, float], Any]:
+        """(status, {answer: score} of the top five, where the question looked in the image)."""
+        if not question or not question.strip():
+            return "**Type a question.**", {}, None
+        try:
+            pixels = self.pixels(path)
+        except ImageLoadError as err:
+            return f"**Not an image we can read:** {err.reason}", {}, None
+        task = self.task
+        ids, mask = task.tokenizer.encode_batch([question.strip()], task.model.backbone.text.max_length)
+        images = normalize_images(pixels[None].to(task.device))
+        ids, mask = ids.to(task.device), mask.to(task.device)
+        top = task.answer(images, ids, mask, k=5)[0]
+        return "", dict(top), _shown(overlay(pixels, question_maps(task.model, images, ids, mask)[0].cpu()))
+
+
+def _shown(picture: Image.Image, side: int = 320) -> Image.Image:
+    """A heat map large enough to see on the page (the model's images may be 64 px)."""
+    return picture.resize((side, side), Image.Resampling.BICUBIC) if max(picture.size) < side else picture
+
+
+def _choices(labels: list[str]) -> Any:
+    import gradio as gr
+
+    return gr.update(choices=labels, value=labels[0] if labels else None)
+
+
+def build_page(demo: Demo) -> Any:
+    """The Gradio page for ``demo``'s task."""
+    import gradio as gr
+
+    with gr.Blocks(title="mmtx demo", analytics_enabled=False) as page:
+        gr.Markdown(f"## mmtx · {type(demo.task).__name__}")
+        with gr.Row():
+            with gr.Column():
+                upload = gr.File(label="Image (JPEG, PNG, WebP, ...)", type="filepath", elem_id="upload")
+                status = gr.Markdown(elem_id="status")
+                if isinstance(demo.task, CaptionTask):
+                    decoding = gr.Radio(list(DECODING), value="greedy", label="Decoding")
+                    beams = gr.Slider(1, 8, value=3, step=1, label="Beams (beam search)")
+                    temperature = gr.Slider(0.1, 2.0, value=1.0, label="Temperature (sampling)")
+                    top_p = gr.Slider(0.1, 1.0, value=0.9, label="Top-p (sampling)")
+                    run = gr.Button("Caption", variant="primary", elem_id="run")
+                else:
+                    question = gr.Textbox(label="Question", placeholder="what color is the circle?", elem_id="question")
+                    run = gr.Button("Answer", variant="primary", elem_id="run")
+            with gr.Column():
+                if isinstance(demo.task, CaptionTask):
+                    caption = gr.Textbox(label="Caption", interactive=False, elem_id="caption")
+                    words = gr.Radio([], label="Pick a word: where it was read from", elem_id="words")
+                    heat = gr.Image(label="Attention", type="pil", interactive=False, elem_id="heatmap")
+                    overlays = gr.State([])
+                    run.click(demo.caption, [upload, decoding, beams, temperature, top_p],
+                              [status, caption, words, heat, overlays])  # fmt: skip
+                    words.change(_pick, [words, overlays], heat)
+                else:
+                    answers = gr.Label(label="Top answers", num_top_classes=5, elem_id="answers")
+                    heat = gr.Image(label="Where the question looked", type="pil", interactive=False, elem_id="heatmap")
+                    run.click(demo.answer, [upload, question], [status, answers, heat])
+    return page
+
+
+def _pick(label: str | None, overlays: list) -> Any:
+    if not label or not overlays:
+        return None
+    return overlays[min(int(label.split(".", 1)[0]) - 1, len(overlays) - 1)]
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="demo")
+@friendly_errors
+def main(cfg: DictConfig) -> None:
+    try:
+        import gradio as gr
+    except ImportError:
+        raise CheckpointError("mmtx-demo needs Gradio: pip install 'mmtx[demo]'") from None
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    task = load_task(cfg.ckpt, map_location=cfg.device)
+    if not isinstance(task, (CaptionTask, AnswerTask)):
+        raise CheckpointError(f"{cfg.ckpt} is a {type(task).__name__} checkpoint: the demo takes a captioner or a VQA one")
+    page = build_page(Demo(task))
+    print(f"mmtx-demo: {type(task).__name__} from {cfg.ckpt} on http://{cfg.host}:{cfg.port}", flush=True)
+    theme = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["monospace"])  # no web fonts to fetch
+    page.queue(default_concurrency_limit=1).launch(
+        server_name=cfg.host, server_port=cfg.port, max_file_size=f"{cfg.max_upload_mb}mb", theme=theme,
+        show_error=True, quiet=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""``mmtx-demo`` in a real browser: the page it serves for a tiny checkpoint, driven by headless
+Chromium (Debian's package; .ci/run installs it): an image gets a caption and a heat map, a text
+file gets a message, and the server stays up."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from tests.bad_inputs import write_tiny_checkpoint
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def repeating_checkpoint(path: Path, word: str = "red") -> Path:
+    """A tiny captioner that writes ``word`` at every step (its last norm emits the word's
+    embedding, which the tied output layer scores highest): a caption to read off the page."""
+    import torch
+
+    from mmtx.data.tokenizer import Tokenizer
+
+    ckpt = torch.load(write_tiny_checkpoint(path), weights_only=True)
+    tokenizer = Tokenizer.from_str(ckpt["hyper_parameters"]["tokenizer"])
+    state = ckpt["state_dict"]
+    state["model.decoder.body.norm.weight"].zero_()
+    state["model.decoder.body.norm.bias"].copy_(1000 * state["model.decoder.body.token_embed.weight"][tokenizer.backend.token_to_id(word)])
+    torch.save(ckpt, path)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(url: str, proc: subprocess.Popen, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"mmtx-demo exited with {proc.returncode}:\n{proc.stdout.read()}")  # type: ignore[union-attr]
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    pytest.fail(f"mmtx-demo did not serve {url} within {seconds:.0f} s")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install chromium), as .ci/run installs it")
+def test_the_demo_page_captions_an_upload_shows_a_heat_map_and_refuses_a_text_file(cli, tmp_path: Path) -> None:
+    pytest.importorskip("gradio", reason="pip install 'mmtx[demo]'")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    ckpt = repeating_checkpoint(tmp_path / "last.ckpt")
+    image, text = tmp_path / "photo.png", tmp_path / "notes.txt"
+    Image.new("RGB", (48, 40), "red").save(image)
+    text.write_text("not an image")
+    port = free_port()
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "NO_PROXY": "127.0.0.1,localhost"}
+    proc = subprocess.Popen([cli.script("mmtx-demo"), f"ckpt={ckpt}", f"port={port}"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        wait_for(f"http://127.0.0.1:{port}/", proc)
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1100, "height": 800})
+            page.goto(f"http://127.0.0.1:{port}/")
+            page.wait_for_selector("#run", timeout=60_000)  # the app has rendered
+            page.locator("#upload input[type=file]").set_input_files(str(image))
+            sync_api.expect(page.locator("#upload")).to_contain_text("photo.png", timeout=30_000)  # uploaded
+            page.click("#run")
+            caption = page.locator("#caption textarea")
+            sync_api.expect(caption).to_have_value(re.compile(r"^red( red)*$"), timeout=60_000)
+            sync_api.expect(page.locator("#heatmap img")).to_be_visible(timeout=30_000)
+            assert page.locator("#words input[type=radio]").count() >= 1  # a word to pick per token
+            page.screenshot(path=str(tmp_path / "demo-caption.png"), full_page=True)
+
+            page.goto(f"http://127.0.0.1:{port}/")  # a fresh page: the file box holds the image now
+            page.wait_for_selector("#run", timeout=60_000)
+            page.locator("#upload input[type=file]").set_input_files(str(text))
+            sync_api.expect(page.locator("#upload")).to_contain_text("notes.txt", timeout=30_000)
+            page.click("#run")
+            sync_api.expect(page.locator("#status")).to_contain_text("Not an image we can read", timeout=30_000)
+            page.screenshot(path=str(tmp_path / "demo-refused.png"), full_page=True)
+            browser.close()
+        assert proc.poll() is None  # the server is still up
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    shots = os.environ.get("MMTX_DEMO_SCREENSHOTS")  # keep the screenshots, e.g. for the README
+    if shots:
+        for name in ("demo-caption.png", "demo-refused.png"):
+            shutil.copy(tmp_path / name, Path(shots) / name)
