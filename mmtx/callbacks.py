@@ -16,7 +16,9 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 
 class LogCaptionSamples(L.Callback):
-    """After each validation, log a W&B table of images with predicted and reference captions.
+    """After each validation, log a W&B table of images with predicted and reference captions,
+    and, for tasks that draw them (``attention_grids``: the captioner), where each word was read
+    from (`mmtx.attention_maps`).
 
     Reads the samples the task keeps (``pl_module.samples``: image, prediction, references);
     does nothing for tasks that keep none or for loggers other than W&B.
@@ -33,11 +35,14 @@ class LogCaptionSamples(L.Callback):
             [wandb.Image(s["image"].numpy()), s["prediction"], "\n".join(s["references"])]
             for s in samples
         ]
+        columns = ["image", "prediction", "references"]
+        draw = getattr(pl_module, "attention_grids", None)
+        if draw is not None:
+            grids = draw(torch.stack([s["image"] for s in samples]).permute(0, 3, 1, 2))  # (B, H, W, 3) -> (B, 3, H, W)
+            rows = [row + [wandb.Image(grid)] for row, grid in zip(rows, grids)]
+            columns.append("attention")
         for logger in loggers:
-            logger.log_table(
-                key="val/samples", columns=["image", "prediction", "references"], data=rows,
-                step=trainer.global_step,
-            )
+            logger.log_table(key="val/samples", columns=columns, data=rows, step=trainer.global_step)
 
 
 class TrainingTime(L.Callback):

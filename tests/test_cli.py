@@ -364,17 +364,18 @@ def test_mmtx_train_logs_to_wandb_offline(resumed, trained: Run) -> None:
     # offline run keeps the artifact's files in W&B's staging folder (WANDB_DATA_DIR) until synced.
     samples = [row["val/samples"] for row in run.history if "val/samples" in row]
     assert len(samples) == 2
-    assert all(s["_type"] == "table-file" and s["ncols"] == 3 and s["nrows"] == 16 for s in samples)
+    assert all(s["_type"] == "table-file" and s["ncols"] == 4 and s["nrows"] == 16 for s in samples)
     tables = [a for a in run.artifacts if a.type == "run_table"]
     assert len(tables) == 2
     for artifact in tables:
         files = {entry.path: Path(entry.local_path) for entry in artifact.manifest.contents}
         table = json.loads(files["val/samples.table.json"].read_text())
-        assert table["columns"] == ["image", "prediction", "references"] and len(table["data"]) == 16
-        for image, prediction, references in table["data"]:
-            assert image["_type"] == "image-file"
+        assert table["columns"] == ["image", "prediction", "references", "attention"] and len(table["data"]) == 16
+        for image, prediction, references, attention in table["data"]:
+            assert image["_type"] == attention["_type"] == "image-file"
             assert files[image["path"]].is_relative_to(os.environ["WANDB_DATA_DIR"])
             assert Image.open(files[image["path"]]).size == (32, 32)
+            assert Image.open(files[attention["path"]]).size[0] == 4 * 160  # the image, then a panel per word
             assert isinstance(prediction, str) and len(references.splitlines()) == 5
 
 

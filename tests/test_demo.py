@@ -1,6 +1,6 @@
 """``mmtx-demo`` in a real browser: the page it serves for a tiny checkpoint, driven by headless
 Chromium (Debian's package; .ci/run installs it): an image gets a caption and a heat map, a text
-file gets a message, and the server stays up."""
+file and a file over the upload limit get a message, and the server stays up."""
 
 from __future__ import annotations
 
@@ -59,7 +59,9 @@ def wait_for(url: str, proc: subprocess.Popen, seconds: float = 120) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install chromium), as .ci/run installs it")
-def test_the_demo_page_captions_an_upload_shows_a_heat_map_and_refuses_a_text_file(cli, tmp_path: Path) -> None:
+def test_the_demo_page_captions_an_upload_shows_a_heat_map_and_refuses_a_text_file_and_a_big_one(
+    cli, tmp_path: Path
+) -> None:
     pytest.importorskip("gradio", reason="pip install 'mmtx[demo]'")
     sync_api = pytest.importorskip("playwright.sync_api")
     ckpt = repeating_checkpoint(tmp_path / "last.ckpt")
@@ -68,7 +70,9 @@ def test_the_demo_page_captions_an_upload_shows_a_heat_map_and_refuses_a_text_fi
     text.write_text("not an image")
     port = free_port()
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "NO_PROXY": "127.0.0.1,localhost"}
-    proc = subprocess.Popen([cli.script("mmtx-demo"), f"ckpt={ckpt}", f"port={port}"], cwd=tmp_path, env=env,
+    big = tmp_path / "big.png"
+    big.write_bytes(os.urandom(1_500_000))
+    proc = subprocess.Popen([cli.script("mmtx-demo"), f"ckpt={ckpt}", f"port={port}", "max_upload_mb=1"], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
         wait_for(f"http://127.0.0.1:{port}/", proc)
@@ -78,7 +82,7 @@ def test_the_demo_page_captions_an_upload_shows_a_heat_map_and_refuses_a_text_fi
             page.goto(f"http://127.0.0.1:{port}/")
             page.wait_for_selector("#run", timeout=60_000)  # the app has rendered
             page.locator("#upload input[type=file]").set_input_files(str(image))
-            sync_api.expect(page.locator("#upload")).to_contain_text("photo.png", timeout=30_000)  # uploaded
+            sync_api.expect(page.locator("#upload")).to_contain_text(re.compile(r"photo\s*\.png"), timeout=30_000)  # uploaded
             page.click("#run")
             caption = page.locator("#caption textarea")
             sync_api.expect(caption).to_have_value(re.compile(r"^red( red)*$"), timeout=60_000)
@@ -89,10 +93,15 @@ def test_the_demo_page_captions_an_upload_shows_a_heat_map_and_refuses_a_text_fi
             page.goto(f"http://127.0.0.1:{port}/")  # a fresh page: the file box holds the image now
             page.wait_for_selector("#run", timeout=60_000)
             page.locator("#upload input[type=file]").set_input_files(str(text))
-            sync_api.expect(page.locator("#upload")).to_contain_text("notes.txt", timeout=30_000)
+            sync_api.expect(page.locator("#upload")).to_contain_text(re.compile(r"notes\s*\.txt"), timeout=30_000)
             page.click("#run")
             sync_api.expect(page.locator("#status")).to_contain_text("Not an image we can read", timeout=30_000)
             page.screenshot(path=str(tmp_path / "demo-refused.png"), full_page=True)
+
+            page.goto(f"http://127.0.0.1:{port}/")
+            page.wait_for_selector("#run", timeout=60_000)
+            page.locator("#upload input[type=file]").set_input_files(str(big))  # over max_upload_mb=1
+            sync_api.expect(page.locator("body")).to_contain_text("exceed the maximum allowed size", timeout=30_000)
             browser.close()
         assert proc.poll() is None  # the server is still up
     finally:

@@ -10,7 +10,8 @@ import torch
 from hydra.utils import instantiate
 
 from mmtx.data.tokenizer import Tokenizer
-from mmtx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from mmtx.attention_maps import attention_grid, caption_maps
+from mmtx.data.transforms import IMAGENET_MEAN, IMAGENET_STD, normalize_images
 from mmtx.generation import GenerationConfig, generate
 from mmtx.metrics.caption import caption_metrics, constant_baseline
 from mmtx.models.captioner import ImageCaptioner
@@ -88,6 +89,16 @@ class CaptionTask(Task):
     def caption(self, images: torch.Tensor, config: GenerationConfig | None = None) -> list[str]:
         """Generated captions for a batch of transformed images (B, 3, H, W)."""
         return self.tokenizer.decode_batch(self.generate_ids(images, config).cpu())
+
+    @torch.no_grad()
+    def attention_grids(self, images: torch.Tensor) -> list[Any]:
+        """For uint8 images (B, 3, S, S): each one's caption and a heat map per word of where it
+        was read from, drawn as one picture (`mmtx.attention_maps.attention_grid`)."""
+        inputs = normalize_images(images.to(self.device))
+        ids = self.generate_ids(inputs)
+        texts = self.tokenizer.decode_batch(ids.cpu())
+        return [attention_grid(image, text, words, maps)
+                for image, text, (words, maps) in zip(images.cpu(), texts, caption_maps(self, inputs, ids))]  # fmt: skip
 
     def generate_ids(self, images: torch.Tensor, config: GenerationConfig | None = None) -> torch.Tensor:
         """The generated token ids (B, L) of :meth:`caption`: no [BOS], padded after [EOS]."""
