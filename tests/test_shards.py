@@ -241,3 +241,21 @@ def test_one_and_two_processes_and_a_resumed_run_read_the_same_samples(cli, task
     cli.run(*run("two", "data.batch_size=8", "trainer=ddp_cpu", "trainer.devices=2"), cwd=tmp_path)
     two = steps_read(tmp_path / "two" / "ids")
     assert {step: sorted(batch) for step, batch in two.items()} == {step: sorted(batch) for step, batch in whole.items()}
+
+
+def test_mmtx_shards_refuses_a_config_without_files_or_out_before_writing(tmp_path: Path) -> None:
+    from hydra import compose, initialize_config_dir
+
+    from mmtx.cli.common import CONFIG_DIR
+    from mmtx.cli.shards import write
+    from mmtx.config_check import ConfigError
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        no_out = compose(config_name="shards", overrides=["data=pairs", "shard_size=0"])
+        no_files = compose(config_name="shards", overrides=["data=pairs", f"out={tmp_path / 'out'}"])
+    with pytest.raises(ConfigError) as info:
+        write(no_out)
+    assert "out is not set" in str(info.value) and "shard_size=0 must be a positive integer" in str(info.value)
+    with pytest.raises(ConfigError, match="names no split's files"):
+        write(no_files)
+    assert not (tmp_path / "out").exists()  # nothing written

@@ -20,7 +20,7 @@ from mmtx.data.tokenizer import Tokenizer
 
 def write(cfg: DictConfig) -> Path:
     """Write every split the data config has files for; returns the shard list's path."""
-    problems = [] if OmegaConf.is_missing(cfg, "out") else data_problems(cfg.data)
+    problems = data_problems(cfg.data)
     if OmegaConf.is_missing(cfg, "out"):
         problems.append("out is not set: give the folder to write the shards to, e.g. out=shards/")
     for key in ("shard_size", "quality") + (("image_size",) if cfg.image_size is not None else ()):
@@ -29,6 +29,10 @@ def write(cfg: DictConfig) -> Path:
     if problems:
         raise ConfigError("invalid config:\n" + "\n".join(f"  {p}" for p in problems))
     absolute_data_paths(cfg.data)
+    # the records only: no tokenizer is learned and no image is decoded before writing
+    datamodule = instantiate(cfg.data, tokenizer=Tokenizer.train)
+    if not any(datamodule.has_split(split) for split in SPLITS):
+        raise ConfigError("the data config names no split's files: give e.g. data.train.annotations=... data.train.images=...")
     out = Path(cfg.out)
     settings = {"data": to_container(cfg.data), "shard_size": cfg.shard_size, "image_size": cfg.image_size,
                 "quality": cfg.quality}  # fmt: skip
@@ -41,8 +45,6 @@ def write(cfg: DictConfig) -> Path:
         raise ConfigError(f"out={out} is not empty; choose a new folder")
     write_shard_list(out, {}, settings)  # the settings first: an interrupted run resumes only with them
 
-    # the records only: no tokenizer is learned and no image is decoded before writing
-    datamodule = instantiate(cfg.data, tokenizer=Tokenizer.train)
     splits = {}
     for split in SPLITS:
         if datamodule.has_split(split):
