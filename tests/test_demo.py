@@ -111,3 +111,28 @@ def test_the_demo_page_captions_an_upload_shows_a_heat_map_and_refuses_a_text_fi
     if shots:
         for name in ("demo-caption.png", "demo-refused.png"):
             shutil.copy(tmp_path / name, Path(shots) / name)
+
+
+def test_the_vqa_page_answers_with_scores_and_a_map_and_names_what_it_refuses(tmp_path: Path) -> None:
+    """The VQA page's handler (what the Answer button calls), without a browser."""
+    from omegaconf import OmegaConf
+
+    from mmtx.cli.demo import Demo
+    from mmtx.data.tokenizer import Tokenizer
+    from mmtx.tasks.vqa import VqaTask
+    from tests.helpers import TINY_TWO_STREAM, compose_train
+
+    cfg = compose_train(["task=vqa", *TINY_TWO_STREAM, "data.image_size=32", "paths.output_dir=/unused"])
+    tokenizer = Tokenizer.train(["what color is the circle", "how many shapes"], vocab_size=60)
+    task = VqaTask(OmegaConf.to_container(cfg.model, resolve=True), tokenizer.to_str(), answers=["red", "blue", "2"],
+                   data_config={"image_size": 32}).eval()  # fmt: skip
+    demo = Demo(task)
+    image, text = tmp_path / "a.png", tmp_path / "notes.txt"
+    Image.new("RGB", (40, 40), "red").save(image)
+    text.write_text("not an image")
+    status, answers, heat = demo.answer(str(image), "what color is the circle?")
+    assert status == "" and sorted(answers) == ["2", "blue", "red"] and all(0 <= p <= 1 for p in answers.values())
+    assert heat.size == (320, 320)  # the question's map over the image, large enough to see
+    assert demo.answer(str(image), "   ") == ("**Type a question.**", {}, None)
+    status, answers, heat = demo.answer(str(text), "what color?")
+    assert status.startswith("**Not an image we can read:**") and answers == {} and heat is None
