@@ -79,6 +79,8 @@ def test_the_demo_page_captions_an_upload_shows_a_heat_map_and_refuses_a_text_fi
         with sync_api.sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 1100, "height": 800})
+            requested: list[str] = []
+            page.on("request", lambda request: requested.append(request.url))
             page.goto(f"http://127.0.0.1:{port}/")
             page.wait_for_selector("#run", timeout=60_000)  # the app has rendered
             page.locator("#upload input[type=file]").set_input_files(str(image))
@@ -104,6 +106,8 @@ def test_the_demo_page_captions_an_upload_shows_a_heat_map_and_refuses_a_text_fi
             sync_api.expect(page.locator("body")).to_contain_text("exceed the maximum allowed size", timeout=30_000)
             browser.close()
         assert proc.poll() is None  # the server is still up
+        elsewhere = [u for u in requested if not u.startswith((f"http://127.0.0.1:{port}/", "data:", "blob:"))]
+        assert not elsewhere, elsewhere  # the page needs nothing from the internet (no CDN, no web fonts)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
