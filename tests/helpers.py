@@ -139,21 +139,29 @@ def write_vit(path: Path, transformers):
     return vit
 
 
-def write_gpt2(path: Path, transformers, texts: list[str]) -> Tokenizer:
-    """A tiny GPT-2 (with cross-attention) and its vocab.json + merges.txt learned from ``texts``,
-    as in a Hub directory."""
+def write_gpt2_vocab(path: Path, texts: list[str], vocab_size: int = 300) -> int:
+    """GPT-2's tokenizer files (vocab.json + merges.txt: byte-level BPE with <|endoftext|>)
+    learned from ``texts`` into ``path``; returns the vocabulary size."""
     from tokenizers import Tokenizer as Backend
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
     backend = Backend(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     backend.train_from_iterator(texts * 20, trainer=trainer)
-    path.mkdir(parents=True)
+    path.mkdir(parents=True, exist_ok=True)
     backend.model.save(str(path))
-    config = transformers.GPT2Config(vocab_size=backend.get_vocab_size(), n_embd=32, n_layer=2, n_head=4,
+    return backend.get_vocab_size()
+
+
+def write_gpt2(path: Path, transformers, texts: list[str]) -> Tokenizer:
+    """A tiny GPT-2 (with cross-attention) and its vocab.json + merges.txt learned from ``texts``,
+    as in a Hub directory."""
+    path.mkdir(parents=True)
+    vocab_size = write_gpt2_vocab(path, texts)
+    config = transformers.GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=4,
                                      n_positions=16, add_cross_attention=True)  # fmt: skip
     torch.manual_seed(0)
     transformers.GPT2LMHeadModel(config).save_pretrained(path)

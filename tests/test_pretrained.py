@@ -327,16 +327,9 @@ TEXTS = ["a man riding a wave on top of a surfboard.", "Two  dogs, playing!", "n
 
 
 def test_gpt2_vocab_json_and_merges_txt_match_the_gpt2_tokenizer(tmp_path: Path) -> None:
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-    from tokenizers import Tokenizer as Backend
+    from tests.helpers import write_gpt2_vocab
 
-    backend = Backend(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    backend.train_from_iterator(TEXTS * 20, trainer=trainer)
-    backend.model.save(str(tmp_path))  # vocab.json + merges.txt, GPT-2's files
+    write_gpt2_vocab(tmp_path, TEXTS, vocab_size=400)  # vocab.json + merges.txt, GPT-2's files
     reference = transformers.GPT2TokenizerFast(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))
 
     tok = Tokenizer.from_file(tmp_path)

@@ -91,7 +91,11 @@ def load_image(path: ImageSource) -> Image.Image:
         ImageLoadError: the file is missing, empty, not an image, truncated, too large or
             in a mode that has no RGB meaning; the message names the file.
     """
-    path, file = _opened(path)
+    return _decoded_by_pillow(*_opened(path))
+
+
+def _decoded_by_pillow(path: ImageSource, file: Path | BinaryIO) -> Image.Image:
+    """`load_image` of what `_opened` gave (a slice's bytes are read once, not again)."""
     # Decoders signal broken input with many exception types (OSError, SyntaxError,
     # struct.error, IndexError from malformed EXIF, DecompressionBombError, ...), so this
     # boundary converts all of them, keeping the original as the cause.
@@ -119,7 +123,10 @@ def read_image(path: ImageSource) -> torch.Tensor:
     except Exception as err:  # as in load_image: decoders raise many types
         raise ImageLoadError(path, f"{type(err).__name__}: {err}") from err
     if not fast:
-        return pil_to_tensor(load_image(file if isinstance(file, Path) else path))
+        if isinstance(file, Path):
+            return pil_to_tensor(load_image(file))
+        file.seek(0)  # a slice's bytes, already read
+        return pil_to_tensor(_decoded_by_pillow(path, file))
     try:
         encoded = file if isinstance(file, Path) else torch.frombuffer(bytearray(file.getvalue()), dtype=torch.uint8)
         return decode_image(encoded, mode="RGB")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 import sys
+import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -88,8 +89,6 @@ def _encoded(record: CaptionRecord, image_size: int | None, quality: int) -> byt
 
 
 def _samples_in(shard: Path) -> int:
-    import tarfile
-
     with tarfile.open(shard, mode="r:") as tar:
         return sum(1 for info in tar if info.name.endswith(".jpg"))
 
