@@ -239,7 +239,8 @@ def evals(cli, trained: Run, val_records, tmp_path_factory: pytest.TempPathFacto
     ckpt = f"ckpt={trained.last}"
     shapes, coco, karpathy = cli.run_many(
         # output folders that do not exist yet are made (the results are not lost at the end)
-        ("mmtx-eval", ckpt, "output=shapes/metrics.json", "predictions=shapes/predictions.json"),
+        # at the precision the run was trained and validated at (the CPU preset's is bf16 where the CPU has it)
+        ("mmtx-eval", ckpt, "trainer.precision=32-true", "output=shapes/metrics.json", "predictions=shapes/predictions.json"),
         ("mmtx-eval", ckpt, "data=coco", f"data.val.annotations={root / 'captions_val.json'}",
          f"data.val.images={root / 'val2014'}", "data.num_workers=0",
          "output=coco/metrics.json", "predictions=coco/predictions.json"),

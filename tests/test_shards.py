@@ -16,9 +16,12 @@ from webdataset import TarWriter
 from mmtx.data.annotations import AnnotationError
 from mmtx.data.images import read_image
 from mmtx.data.sampling import ShardedBatchSampler
-from mmtx.data.shards import ShardCaptions, read_shards, shard_paths
+from mmtx.data.shards import ShardCaptions, read_shards, read_vqa_shards, shard_paths
+from mmtx.data.synthetic.shapes_vqa import generate_shapes_vqa
+from mmtx.data.vqa import read_vqa
 from mmtx.data.tokenizer import Tokenizer
 from tests.conftest import TINY_MODEL
+from tests.helpers import TINY_TWO_STREAM
 from tests.test_pairs import ROWS, write_images, write_jsonl
 
 COLOURS = ["red", "blue", "green", "yellow", "purple", "orange"]
@@ -171,6 +174,55 @@ def test_shards_written_from_pairs_train_and_evaluate_end_to_end(cli, tmp_path: 
     assert "CIDEr" in result.stdout and "(3 examples)" in result.stdout, result.stdout
     predictions = json.loads((tmp_path / "predictions.json").read_text())
     assert sorted(p["image_id"] for p in predictions) == [1, 2, 3]  # the pairs' ids, kept in the .json
+
+
+def test_vqa_shards_written_from_vqa_v2_files_train_and_evaluate_end_to_end(cli, tmp_path: Path) -> None:
+    files = generate_shapes_vqa(tmp_path / "vqa", num_train=12, num_val=4, image_size=32, seed=1, questions_per_image=3)
+    keys = {"questions": 0, "annotations": 1, "images": 2}
+    data = [f"data.{split}.{key}={files[split][k]}" for split in ("train", "val") for key, k in keys.items()]
+    out = tmp_path / "shards"
+    result = cli.run("mmtx-shards", "data=vqa", *data, f"out={out}", "shard_size=5", "image_size=32", cwd=tmp_path)
+    assert "train: 12 samples in 3 shard(s)" in result.stdout and "data=webdataset_vqa" in result.stdout
+    for split in ("train", "val"):  # every question, with its answers and types, under its image
+        written = read_vqa_shards(f"{out / 'shards.json'}:{split}")
+        expected = read_vqa(*files[split])
+        fields = lambda r: (r.question_id, r.image_id, r.question, r.answers, r.answer_type, r.question_type)  # noqa: E731
+        assert sorted(map(fields, written)) == sorted(map(fields, expected))
+        originals = {e.image_id: read_image(e.path).float() for e in expected}
+        distance = {i: (read_image(written[0].path).float() - o).abs().mean() for i, o in originals.items()}
+        assert min(distance, key=distance.get) == written[0].image_id  # its own image, re-encoded as a JPEG
+
+    run = tmp_path / "run"
+    cli.run(
+        "mmtx-train", "task=vqa", "data=webdataset_vqa", f"data.train.shards={out / 'shards.json'}:train",
+        f"data.val.shards={out / 'shards.json'}:val", "data.image_size=32", "data.batch_size=6", *TINY_TWO_STREAM,
+        "task.num_answers=20", "trainer.max_steps=3", "trainer.enable_progress_bar=false", "logger=none",
+        f"hydra.run.dir={run}", cwd=tmp_path,
+    )
+    result = cli.run("mmtx-eval", f"ckpt={run / 'checkpoints' / 'last.ckpt'}", cwd=tmp_path)
+    assert "accuracy" in result.stdout and "(12 examples)" in result.stdout, result.stdout
+    predictions = json.loads((tmp_path / "predictions.json").read_text())
+    assert sorted(p["question_id"] for p in predictions) == sorted(r.question_id for r in read_vqa(*files["val"]))
+
+
+def test_bad_vqa_samples_are_named_by_shard_and_key_or_left_out(tmp_path: Path) -> None:
+    question = {"question_id": 1, "question": "what colour is the ball?", "answers": ["red"] * 10, "answer_type": "other"}
+    shard = write_shard(tmp_path / "vqa-0.tar", [
+        {"__key__": "good", "jpg": encoded("red"), "json": {"image_id": 7, "questions": [question]}},
+        {"__key__": "noquestions", "jpg": encoded("blue"), "json": {"image_id": 8, "questions": []}},
+        {"__key__": "noanswers", "jpg": encoded("blue"), "json": {"image_id": 9, "questions": [{**question, "question_id": 2, "answers": []}]}},
+        {"__key__": "again", "jpg": encoded("green"), "json": {"image_id": 10, "questions": [question]}},
+    ])  # fmt: skip
+    with pytest.raises(AnnotationError) as err:
+        read_vqa_shards(shard)
+    message = str(err.value)
+    assert "3 bad entries" in message
+    assert f"{shard}: noquestions.json: questions: expected a non-empty list" in message
+    assert f"{shard}: noanswers.json: questions[0].answers: expected a non-empty list of answer strings" in message
+    assert f"{shard}: again.json: questions[0].question_id: duplicate question id 1" in message
+    skipped: list[str] = []
+    records = read_vqa_shards(shard, skipped=skipped)
+    assert [(r.question_id, r.image_id, r.answers) for r in records] == [(1, 7, ("red",) * 10)] and len(skipped) == 3
 
 
 def write_test_shards(root: Path, count: int = 150, per_shard: int = 40, bad: tuple[int, ...] = (17, 63, 101)) -> str:

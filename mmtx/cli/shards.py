@@ -1,5 +1,6 @@
-"""``mmtx-shards``: write a caption data set (COCO, Karpathy, your own pairs) as WebDataset tar
-shards for ``data=webdataset``, its images re-encoded at a training size."""
+"""``mmtx-shards``: write a caption data set (COCO, Karpathy, your own pairs) or VQA v2 files as
+WebDataset tar shards for ``data=webdataset`` / ``data=webdataset_vqa``, the images re-encoded at
+a training size."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from mmtx.cli.common import CONFIG_DIR, absolute_data_paths, friendly_errors, to
 from mmtx.config_check import ConfigError, data_problems
 from mmtx.data.base import SPLITS
 from mmtx.data.shards.files import SHARD_LIST
-from mmtx.data.shards.write import write_shard_list, write_shards
+from mmtx.data.shards.write import caption_samples, vqa_samples, write_shard_list, write_shards
 from mmtx.data.tokenizer import Tokenizer
+from mmtx.data.vqa import VqaDataModule
 
 
 def write(cfg: DictConfig) -> Path:
@@ -45,17 +47,20 @@ def write(cfg: DictConfig) -> Path:
         raise ConfigError(f"out={out} is not empty; choose a new folder")
     write_shard_list(out, {}, settings)  # the settings first: an interrupted run resumes only with them
 
+    vqa = isinstance(datamodule, VqaDataModule)
+    samples = vqa_samples if vqa else caption_samples
     splits = {}
     for split in SPLITS:
         if datamodule.has_split(split):
             splits[split] = written = write_shards(
-                datamodule.records(split), out, split, shard_size=cfg.shard_size, image_size=cfg.image_size,
+                samples(datamodule.records(split)), out, split, shard_size=cfg.shard_size, image_size=cfg.image_size,
                 quality=cfg.quality, skip_bad_images=datamodule.on_bad_image == "skip",
             )
             print(f"{split}: {written['samples']} samples in {len(written['shards'])} shard(s)"
                   + (f", {len(written['left_out'])} image(s) left out" if written["left_out"] else ""))
     path = write_shard_list(out, splits, settings)
-    print(f"shard list: {path} (train with data=webdataset data.train.shards={path}:train data.val.shards={path}:val)")
+    data = "webdataset_vqa" if vqa else "webdataset"
+    print(f"shard list: {path} (train with data={data} data.train.shards={path}:train data.val.shards={path}:val)")
     return path
 
 

@@ -33,7 +33,7 @@ class VisionEncoder(nn.Module):
         activation: the MLP activation (``gelu``, ``gelu_tanh``, ``relu``).
         pos_antialias: antialias the bicubic resampling of learned positions when the grid
             shrinks (timm does; Hugging Face's ViT does not).
-        stem: ``patch`` (ViT's linear patch map) or ``conv`` (strided 3x3 convolutions down to
+        stem: ``patch`` (ViT's linear patch map) or ``conv`` (strided 3x3 convolutions with BatchNorm down to
             the patch grid, then a 1x1 map: `mmtx.nn.embeddings.conv_stem`).
     """
 

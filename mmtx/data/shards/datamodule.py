@@ -1,11 +1,13 @@
-"""WebDataset tar shards as a caption data module (captioning and pretraining read it alike)."""
+"""WebDataset tar shards as data modules: captions (captioning and pretraining read them alike) and VQA."""
 
 from __future__ import annotations
 
 from mmtx.data.base import FileSplits, split_files
 from mmtx.data.captions.datamodule import CaptionDataModule
 from mmtx.data.captions.files import CaptionRecord
-from mmtx.data.shards.files import read_shards
+from mmtx.data.shards.files import read_shards, read_vqa_shards
+from mmtx.data.vqa.datamodule import VqaDataModule
+from mmtx.data.vqa.files import VqaRecord
 
 
 class ShardCaptions(FileSplits, CaptionDataModule):
@@ -18,3 +20,14 @@ class ShardCaptions(FileSplits, CaptionDataModule):
 
     def load_records(self, split: str, skipped: list[str]) -> list[CaptionRecord]:
         return read_shards(split_files(self.splits, split, ("shards",))["shards"], skipped=skipped)
+
+
+class ShardVqa(FileSplits, VqaDataModule):
+    """VQA samples in tar shards, each image with its questions and answers in its ``.json``
+    (`mmtx.data.shards.files.read_vqa_shards`); the splits and images as in `ShardCaptions`."""
+
+    index_file = "shards"
+    preflight_scan = False
+
+    def load_records(self, split: str, skipped: list[str]) -> list[VqaRecord]:
+        return read_vqa_shards(split_files(self.splits, split, ("shards",))["shards"], skipped=skipped)

@@ -18,9 +18,9 @@ import json
 import os
 import sys
 import tarfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from braceexpand import braceexpand
 from tqdm import tqdm
@@ -29,6 +29,7 @@ from webdataset.tariterators import base_plus_ext
 from mmtx.data.annotations import AnnotationError, EntryProblems, invalid_text
 from mmtx.data.captions.files import CaptionRecord
 from mmtx.data.images import FileSlice
+from mmtx.data.vqa.files import VqaRecord
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")  # the first one a sample has is its image
 SHARD_LIST = "shards.json"  # what mmtx-shards writes beside its shards: {split: {shards, samples}}
@@ -76,22 +77,51 @@ def read_shards(
     raised together, or left out and described in ``skipped`` (the samples of a shard before
     the point where it is cut short are kept).
     """
+    samples = _read(shards, skipped, _captions)
+    ids = [_image_id(meta) for _, meta, _ in samples]
+    if None in ids or len(set(ids)) < len(ids):
+        ids = list(range(len(samples)))
+    return [CaptionRecord(i, image, captions) for i, (image, _, captions) in zip(ids, samples)]
+
+
+def read_vqa_shards(
+    shards: str | os.PathLike | Iterable[str | os.PathLike], skipped: list[str] | None = None
+) -> list[VqaRecord]:
+    """One `VqaRecord` per question of ``shards``: each sample's ``.json`` holds its ``image_id``
+    and ``questions``, a list of VQA v2 entries (``question_id``, ``question``, ``answers``: the
+    annotators' answers, optional ``answer_type`` / ``question_type``), as mmtx-shards writes
+    them from VQA v2 files. Bad samples and shards are problems as in `read_shards`; so is a
+    question id met twice."""
+    seen: set[int] = set()
+    samples = _read(shards, skipped, lambda path, key, meta, texts: _questions(path, key, meta, seen))
+    return [VqaRecord(q["question_id"], meta["image_id"], image, q["question"], q["answers"],
+                      q.get("answer_type"), q.get("question_type"))
+            for image, meta, questions in samples for q in questions]  # fmt: skip
+
+
+T = TypeVar("T")
+
+
+def _read(
+    shards: str | os.PathLike | Iterable[str | os.PathLike], skipped: list[str] | None,
+    parse: Callable[[Path, str, dict[str, Any], dict[str, bytes]], T],
+) -> list[tuple[FileSlice, dict[str, Any], T]]:
+    """(image, ``.json`` object, ``parse(shard, key, .json object, texts)``) for every good sample of
+    ``shards``; what `_image_and_meta` or ``parse`` raise is collected as in `read_shards`."""
     paths = shard_paths(shards)
     if not paths:
         raise AnnotationError(f"{shards}: names no shard file")
-    samples: list[tuple[int | None, FileSlice, tuple[str, ...]]] = []
+    samples: list[tuple[FileSlice, dict[str, Any], T]] = []
     problems = EntryProblems(Path(str(shards)) if isinstance(shards, (str, os.PathLike)) else paths[0].parent, skipped)
     for path in tqdm(paths, desc="indexing shards", unit="shard", file=sys.stderr, disable=None, leave=False):
         for key, members, texts in _samples(path, problems):
             try:
-                samples.append(_sample(path, key, members, texts))
+                image, meta = _image_and_meta(path, key, members, texts)
+                samples.append((image, meta, parse(path, key, meta, texts)))
             except AnnotationError as err:
                 problems.add(err)
     problems.finish()
-    ids = [image_id for image_id, _, _ in samples]
-    if None in ids or len(set(ids)) < len(ids):
-        ids = list(range(len(samples)))
-    return [CaptionRecord(i, image, captions) for i, (_, image, captions) in zip(ids, samples)]
+    return samples
 
 
 def _samples(path: Path, problems: EntryProblems) -> Iterable[tuple[str, dict[str, tarfile.TarInfo], dict[str, bytes]]]:
@@ -122,14 +152,13 @@ def _samples(path: Path, problems: EntryProblems) -> Iterable[tuple[str, dict[st
         yield key, found, texts.get(key, {})
 
 
-def _sample(
+def _image_and_meta(
     path: Path, key: str, members: dict[str, tarfile.TarInfo], texts: dict[str, bytes]
-) -> tuple[int | None, FileSlice, tuple[str, ...]]:
+) -> tuple[FileSlice, dict[str, Any]]:
     extension = next((e for e in IMAGE_EXTENSIONS if e in members), None)
     if extension is None:
         raise AnnotationError(f"{path}: {key}: no image ({', '.join('.' + e for e in IMAGE_EXTENSIONS)})")
     info = members[extension]
-    image = FileSlice(path, info.offset_data, info.size, info.name)
     meta: dict[str, Any] = {}
     if "json" in texts:
         try:
@@ -138,6 +167,10 @@ def _sample(
             raise AnnotationError(f"{path}: {key}.json: not JSON ({err})") from err
         if not isinstance(meta, dict):
             raise AnnotationError(f"{path}: {key}.json: expected an object")
+    return FileSlice(path, info.offset_data, info.size, info.name), meta
+
+
+def _captions(path: Path, key: str, meta: dict[str, Any], texts: dict[str, bytes]) -> tuple[str, ...]:
     if isinstance(meta.get("captions"), list) and meta["captions"]:
         given, where = meta["captions"], f"{key}.json captions"
     elif "txt" in texts:
@@ -153,5 +186,42 @@ def _sample(
         if problem or not caption:
             raise AnnotationError(f"{path}: {where}: {problem or 'empty caption'}")
         captions.append(caption)
+    return tuple(captions)
+
+
+def _image_id(meta: dict[str, Any]) -> int | None:
     image_id = meta.get("image_id")
-    return (image_id if isinstance(image_id, int) and not isinstance(image_id, bool) else None), image, tuple(captions)
+    return image_id if isinstance(image_id, int) and not isinstance(image_id, bool) else None
+
+
+def _questions(path: Path, key: str, meta: dict[str, Any], seen: set[int]) -> list[dict[str, Any]]:
+    """The checked ``questions`` of a VQA sample's ``.json`` (question ids not in ``seen``, added to it)."""
+    where = f"{path}: {key}.json"
+    if _image_id(meta) is None:
+        raise AnnotationError(f"{where}: image_id: expected an integer, got {meta.get('image_id')!r}")
+    questions = meta.get("questions")
+    if not isinstance(questions, list) or not questions:
+        raise AnnotationError(f"{where}: questions: expected a non-empty list of VQA questions")
+    checked, ids = [], set()
+    for i, entry in enumerate(questions):
+        at = f"{where}: questions[{i}]"
+        if not isinstance(entry, dict):
+            raise AnnotationError(f"{at}: expected an object")
+        question_id, question, answers = entry.get("question_id"), entry.get("question"), entry.get("answers")
+        if not isinstance(question_id, int) or isinstance(question_id, bool):
+            raise AnnotationError(f"{at}.question_id: expected an integer, got {question_id!r}")
+        if question_id in seen or question_id in ids:
+            raise AnnotationError(f"{at}.question_id: duplicate question id {question_id}")
+        problem = "expected a string" if not isinstance(question, str) else invalid_text(question)
+        if problem or not question.split():
+            raise AnnotationError(f"{at}.question: {problem or 'empty question'}")
+        if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a.strip() for a in answers):
+            raise AnnotationError(f"{at}.answers: expected a non-empty list of answer strings")
+        types = {name: entry.get(name) for name in ("answer_type", "question_type")}
+        if any(value is not None and not isinstance(value, str) for value in types.values()):
+            raise AnnotationError(f"{at}: answer_type and question_type must be strings")
+        ids.add(question_id)
+        checked.append({"question_id": question_id, "question": " ".join(question.split()),
+                        "answers": tuple(answers), **types})  # fmt: skip
+    seen.update(ids)  # only once the whole sample is good: a skipped sample claims no id
+    return checked

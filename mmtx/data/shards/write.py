@@ -1,6 +1,6 @@
-"""Caption records written as WebDataset tar shards that `data=webdataset` reads: each image
-re-encoded once at a training size, so that training reads small JPEGs instead of decoding
-full-size photos every epoch."""
+"""Caption and VQA records written as WebDataset tar shards that `data=webdataset` and
+`data=webdataset_vqa` read: each image re-encoded once at a training size, so that training reads
+small JPEGs instead of decoding full-size photos every epoch."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from PIL import Image
 from torchvision.transforms.v2.functional import resize
@@ -21,6 +21,33 @@ from mmtx.data.annotations import atomic_write_json
 from mmtx.data.captions.files import CaptionRecord
 from mmtx.data.images import ImageLoadError, read_image
 from mmtx.data.shards.files import SHARD_LIST
+from mmtx.data.vqa.files import VqaRecord
+
+
+class ShardSample(NamedTuple):
+    """What one sample of a shard holds besides its image: ``KEY.json`` and, if any, ``KEY.txt``."""
+
+    path: Any  # the image file (a path or a `FileSlice`)
+    meta: dict[str, Any]
+    text: str | None
+
+
+def caption_samples(records: list[CaptionRecord]) -> list[ShardSample]:
+    """One sample per image: its id and all its ``captions`` in the ``.json``, the first in the ``.txt``."""
+    return [ShardSample(r.path, {"image_id": r.image_id, "captions": list(r.captions)}, r.captions[0] if r.captions else "")
+            for r in records]  # fmt: skip
+
+
+def vqa_samples(records: list[VqaRecord]) -> list[ShardSample]:
+    """One sample per image, in the order the images first appear: its id and its ``questions``
+    (each with its id, text, answers and types) in the ``.json``, as `read_vqa_shards` reads them."""
+    by_image: dict[int, ShardSample] = {}
+    for r in records:
+        sample = by_image.setdefault(r.image_id, ShardSample(r.path, {"image_id": r.image_id, "questions": []}, None))
+        entry = {"question_id": r.question_id, "question": r.question, "answers": list(r.answers)}
+        entry |= {k: v for k, v in (("answer_type", r.answer_type), ("question_type", r.question_type)) if v is not None}
+        sample.meta["questions"].append(entry)
+    return list(by_image.values())
 
 
 def encode_jpeg(path: Any, image_size: int | None, quality: int = 90) -> bytes:
@@ -35,12 +62,12 @@ def encode_jpeg(path: Any, image_size: int | None, quality: int = 90) -> bytes:
 
 
 def write_shards(
-    records: list[CaptionRecord], out: str | os.PathLike, split: str, shard_size: int = 1000,
+    records: list[ShardSample], out: str | os.PathLike, split: str, shard_size: int = 1000,
     image_size: int | None = 256, quality: int = 90, skip_bad_images: bool = False, threads: int | None = None,
 ) -> dict[str, Any]:
     """Write ``records`` as ``out/{split}-00000.tar``, ... of ``shard_size`` samples each: per
-    record ``KEY.jpg`` (see `encode_jpeg`), ``KEY.txt`` (its first caption) and ``KEY.json``
-    (``image_id`` and all its ``captions``); KEY is the record's position, zero-padded.
+    record ``KEY.jpg`` (see `encode_jpeg`), ``KEY.json`` and ``KEY.txt`` (see `caption_samples`,
+    `vqa_samples`); KEY is the record's position, zero-padded.
 
     Each shard is written under a temporary name and renamed when complete, so a run that was
     interrupted writes only the shards still missing when started again with the same records
@@ -74,14 +101,14 @@ def write_shards(
                             raise image
                         left_out.append(f"{image.path}: {image.reason}")
                         continue
-                    sink.write({"__key__": f"{position:09d}", "jpg": image, "txt": record.captions[0] if record.captions else "",
-                                "json": {"image_id": record.image_id, "captions": list(record.captions)}})  # fmt: skip
+                    sample = {"__key__": f"{position:09d}", "jpg": image, "json": record.meta}
+                    sink.write(sample if record.text is None else {**sample, "txt": record.text})
                     samples += 1
             os.replace(partial, target)
     return {"shards": names, "samples": samples, "left_out": left_out}
 
 
-def _encoded(record: CaptionRecord, image_size: int | None, quality: int) -> bytes | ImageLoadError:
+def _encoded(record: ShardSample, image_size: int | None, quality: int) -> bytes | ImageLoadError:
     try:
         return encode_jpeg(record.path, image_size, quality)
     except ImageLoadError as err:
