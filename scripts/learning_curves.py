@@ -12,9 +12,9 @@ training time so far. The script collects those into curves of quality against m
 Tasks: ``caption`` (default captioner; CIDEr, BLEU-4 and, on shapes, caption correctness),
 ``pretrain`` (``experiment=pretrain_shapes``; alignment accuracy, R@1 both ways), ``vqa``
 (``experiment=vqa_shapes`` from scratch) and ``vqa_from_pretrain`` (the same, ``init_from=`` the
-``pretrain`` run of the same seed and variant ``base``). Runs already finished in ``OUT/runs``
-are reused, so an interrupted sweep continues where it stopped; every variant ever run stays in
-the output.
+``pretrain`` run of the same seed and variant ``base``, at ``task.lr=5e-4``). Runs already
+finished in ``OUT/runs`` are reused, so an interrupted sweep continues where it stopped; every
+variant ever run stays in the output.
 
     python scripts/learning_curves.py --tasks caption --minutes 8 --seeds 2 --out curves
     python scripts/learning_curves.py --tasks caption --variant p16="model.encoder.patch_size=16" --out curves
@@ -43,7 +43,9 @@ TASKS = {  # task -> (mmtx-train arguments, metrics to report, the metric that i
     "pretrain": (["experiment=pretrain_shapes"], ["itm_accuracy", "i2t_R@1", "t2i_R@1", "i2t_R@5", "t2i_R@5"],
                  "itm_accuracy"),
     "vqa": (["experiment=vqa_shapes"], ["accuracy", "yes/no", "number", "other"], "accuracy"),
-    "vqa_from_pretrain": (["experiment=vqa_shapes"], ["accuracy", "yes/no", "number", "other"], "accuracy"),
+    # fine-tuning at half the scratch rate, as conf/experiment/vqa_shapes.yaml advises (README)
+    "vqa_from_pretrain": (["experiment=vqa_shapes", "task.lr=5e-4"], ["accuracy", "yes/no", "number", "other"],
+                          "accuracy"),
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -657,3 +658,32 @@ def test_vqa_with_an_image_and_no_question_is_one_line_before_loading(cli, tmp_p
     result = cli.run("mmtx-vqa", "ckpt=missing.ckpt", "image=a.jpg", cwd=tmp_path, check=False)
     assert result.returncode == 1, cli.describe(result)
     assert result.stderr.strip() == 'mmtx: give image=FILE question="..." or questions=FILE.json images=DIR (given: image)'
+
+
+def _probe_script():
+    spec = importlib.util.spec_from_file_location(
+        "mmtx_probe_shape_kinds", Path(__file__).resolve().parents[1] / "scripts" / "probe_shape_kinds.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_kind_probe_reads_a_kind_that_is_in_the_features_and_not_one_that_is_not() -> None:
+    probe = _probe_script()
+    g = torch.Generator().manual_seed(0)
+    labels = (torch.rand(200, 2, generator=g) > 0.5).float()
+    noise = torch.randn(200, 6, generator=g)
+    features = torch.cat([noise, labels[:, :1] + 0.1 * torch.randn(200, 1, generator=g)], dim=1)  # kind 0 only
+    seen, unseen = probe.probe_accuracy(features[:150], labels[:150], features[150:], labels[150:])
+    assert seen == 1.0
+    assert unseen < 0.8
+
+
+def test_kind_probe_script_scores_a_captioner_checkpoint(trained: Run, capsys) -> None:
+    probe = _probe_script()
+    assert probe.main([str(trained.last), "--train", "24", "--val", "12", "--image-size", "32"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["kinds"] == ["circle", "square", "triangle"]
+    for shares in (result["majority"], result[str(trained.last)]):
+        assert len(shares) == 3 and all(0.0 <= s <= 1.0 for s in shares)
