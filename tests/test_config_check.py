@@ -47,7 +47,7 @@ def _problems(cfg: DictConfig, check=check_train_config) -> str:
 
 @pytest.mark.parametrize(
     "choices",
-    [[], ["task=pretrain"], ["task=vqa"], ["task=vqa_generative"], ["experiment=caption_coco", *(f"data.{s}.{f}=x" for s in ("train", "val") for f in ("annotations", "images"))],
+    [[], ["task=pretrain"], ["task=pretrain", "task.objectives.caption=1"], ["task=vqa"], ["task=vqa_generative"], ["experiment=caption_coco", *(f"data.{s}.{f}=x" for s in ("train", "val") for f in ("annotations", "images"))],
      ["experiment=pretrain_shapes"], ["experiment=vqa_shapes"], ["data=karpathy", "data.annotations=a", "data.images=b"],
      ["data=pairs", *(f"data.{s}.{f}=x" for s in ("train", "val") for f in ("file", "images"))],
      ["model.encoder.pos_embed=rope", "model.decoder.pos_embed=sinusoidal"]],
@@ -110,7 +110,7 @@ def test_the_pretrained_captioner_config_passes_and_a_missing_weights_file_is_na
          "model.backbone.vision.image_size=64 (set by data.image_size) is smaller than model.backbone.vision.patch_size=128"),
         (["task=pretrain", "model.backbone.text.max_length=8"], "model.backbone.text.max_length=8 is shorter than data.max_length=24"),
         (["task=pretrain", "task.objectives.mlm=0", "task.objectives.mpm=0", "task.objectives.itm=0"],
-         "task.objectives: every loss weight (mlm, mpm, itm, itc) is 0; set one > 0"),
+         "task.objectives: every loss weight (mlm, mpm, itm, itc, caption) is 0; set one > 0"),
         (["task=pretrain", "task.objectives.mask_prob=1.5"], "task.objectives.mask_prob=1.5 must be a number in [0, 1]"),
         (["task=vqa", "task.num_answers=0"], "task.num_answers=0 must be a positive integer"),
         (["data=karpathy"], "data.annotations is not set (??? in the config): give it, e.g. data.annotations=..."),

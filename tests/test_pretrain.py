@@ -1,12 +1,15 @@
 """Two-stream model and pretraining: co-attention masks, each objective, masking rates, retrieval."""
 
+import functools
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from mmtx.metrics.retrieval import retrieval_recall
 from mmtx.models import TextEncoder, VisionEncoder
+from mmtx.models.decoder import CaptionDecoder
 from mmtx.models.masking import IGNORE, mask_patches, mask_tokens
 from mmtx.models.patch_targets import MeanColor, NormalizedPixels, patchify
 from mmtx.models.pretraining import Objectives, TwoStreamPretrainer, contrastive_loss, pick_negatives
@@ -17,11 +20,14 @@ SPECIAL = list(range(7))  # [PAD] [BOS] [EOS] [UNK] [MASK] [CLS] [SEP]
 MASK = 4
 
 
-def tiny_pretrainer(pos: str = "learned", seed: int = 0) -> TwoStreamPretrainer:
+def tiny_pretrainer(pos: str = "learned", seed: int = 0, caption: bool = False) -> TwoStreamPretrainer:
     torch.manual_seed(seed)
     vision = VisionEncoder(image_size=32, patch_size=8, dim=48, depth=1, num_heads=4, pos_embed=pos)
     text = TextEncoder(60, dim=32, depth=2, num_heads=4, max_length=16, pos_embed=pos)
-    return TwoStreamPretrainer(TwoStreamModel(vision, text, co_layers=2, joint_dim=40), mask_id=MASK, special_ids=SPECIAL)
+    decoder = functools.partial(CaptionDecoder, dim=32, depth=1, num_heads=4, max_length=16) if caption else None
+    return TwoStreamPretrainer(
+        TwoStreamModel(vision, text, co_layers=2, joint_dim=40), mask_id=MASK, special_ids=SPECIAL, caption_decoder=decoder
+    )
 
 
 def batch(B=6, T=10, seed=0):
@@ -79,10 +85,49 @@ def test_every_objective_gives_a_finite_loss_and_can_be_switched_off():
     only = model(images, ids, mask, torch.arange(6), Objectives(mlm=0, mpm=0, itm=2.0), torch.Generator().manual_seed(0))
     assert set(only) == {"itm_loss", "itm_acc", "loss"}
     torch.testing.assert_close(only["loss"], 2 * only["itm_loss"])
-    with pytest.raises(ValueError, match=r"every loss weight \(mlm, mpm, itm, itc\) is 0"):
+    with pytest.raises(ValueError, match=r"every loss weight \(mlm, mpm, itm, itc, caption\) is 0"):
         Objectives(mlm=0, mpm=0, itm=0, itc=0)
     with pytest.raises(ValueError, match="mask_prob=1.5"):
         Objectives(mask_prob=1.5)
+
+
+def test_the_caption_objective_writes_the_unmasked_caption_from_the_vision_stream():
+    model = tiny_pretrainer(caption=True).eval()
+    images, ids, mask = batch()
+    obj = Objectives(mlm=1.0, mpm=0, itm=0, caption=1.0)
+    out = model(images, ids, mask, torch.arange(6), obj, torch.Generator().manual_seed(0))
+    assert out["caption_loss"].item() == pytest.approx(math.log(60), rel=0.25)  # near-uniform at first
+    torch.testing.assert_close(out["loss"], out["mlm_loss"] + out["caption_loss"])
+    # the decoder's teacher-forced loss on the real tokens, reading the vision stream's own output
+    vision, _ = model.backbone.encode_vision(images)
+    logits = model.caption_decoder(ids[:, :-1], vision)
+    targets = ids[:, 1:].masked_fill(~mask[:, 1:], IGNORE)  # padding is not predicted
+    torch.testing.assert_close(out["caption_loss"], F.cross_entropy(logits.flatten(0, 1), targets.flatten()))
+    # whatever words MLM masks, the caption written is the unmasked one
+    other = model(images, ids, mask, torch.arange(6), obj, torch.Generator().manual_seed(1))
+    assert other["mlm_loss"].item() != out["mlm_loss"].item()
+    torch.testing.assert_close(other["caption_loss"], out["caption_loss"])
+    # and it depends on the image
+    flipped = model(images.flip(-1), ids, mask, torch.arange(6), obj, torch.Generator().manual_seed(0))
+    assert flipped["caption_loss"].item() != out["caption_loss"].item()
+
+
+def test_the_caption_head_is_built_only_with_a_decoder_and_trains():
+    assert tiny_pretrainer().caption_decoder is None  # ViLBERT's heads by default
+    with pytest.raises(ValueError, match="caption objective needs a caption_decoder"):
+        TwoStreamPretrainer(tiny_pretrainer().backbone, heads=["caption"])
+    model = tiny_pretrainer(caption=True).train()
+    images, ids, mask = batch()
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    obj = Objectives(mlm=0, mpm=0, itm=0, caption=1.0)
+    losses = []
+    for _ in range(30):
+        out = model(images, ids, mask, torch.arange(6), obj)
+        opt.zero_grad()
+        out["loss"].backward()
+        opt.step()
+        losses.append(out["loss"].item())
+    assert sum(losses[-3:]) < 0.6 * sum(losses[:3])
 
 
 def test_pretraining_lowers_the_loss():

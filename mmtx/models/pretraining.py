@@ -3,7 +3,10 @@
 ViLBERT's objectives on image-text pairs — masked language modelling, masked patch modelling
 (regressing the masked patch, see :mod:`mmtx.models.patch_targets`), image-text alignment on
 ``h_IMG * h_CLS`` — plus an optional CLIP-style contrastive loss on the streams' own CLS outputs
-(before co-attention), whose similarities also pick hard negatives for alignment (as in ALBEF).
+(before co-attention), whose similarities also pick hard negatives for alignment (as in ALBEF),
+and an optional captioning loss: a small decoder writes the caption from the vision stream's own
+tokens (BLIP's and CoCa's language-modelling loss), which makes that stream tell the objects of
+a scene apart where a masked word can often be guessed from the caption's other words.
 """
 
 from __future__ import annotations
@@ -16,13 +19,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mmtx.models.decoder import CaptionDecoder
 from mmtx.models.masking import IGNORE, mask_patches, mask_tokens
 from mmtx.models.patch_targets import NormalizedPixels
 from mmtx.models.two_stream import TwoStreamModel, Unimodal
 from mmtx.nn.init import init_weights
 
 
-OBJECTIVES = ("mlm", "mpm", "itm", "itc")  # the loss weights of `Objectives`
+OBJECTIVES = ("mlm", "mpm", "itm", "itc", "caption")  # the loss weights of `Objectives`
 
 
 @dataclass
@@ -33,6 +37,7 @@ class Objectives:
     mpm: float = 1.0
     itm: float = 1.0
     itc: float = 0.0
+    caption: float = 0.0
     mask_prob: float = 0.15  # text tokens picked for MLM (BERT: 80% [MASK], 10% random, 10% kept)
     patch_mask_prob: float = 0.15  # patches picked for MPM
     patch_replace_prob: float = 0.9  # of those, replaced by the mask embedding (ViLBERT: 90%)
@@ -48,7 +53,7 @@ class Objectives:
         problems += [f"objectives.{k}={getattr(self, k)!r} must be a number in [0, 1]"
                      for k in rates if not 0 <= getattr(self, k) <= 1]
         if not problems and not any(getattr(self, k) > 0 for k in weights):
-            problems.append("objectives: every loss weight (mlm, mpm, itm, itc) is 0; set one > 0")
+            problems.append("objectives: every loss weight (mlm, mpm, itm, itc, caption) is 0; set one > 0")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -78,19 +83,24 @@ class TwoStreamPretrainer(nn.Module):
             (filled in by the task from its tokenizer).
         heads: the objectives whose heads are built (the task gives those with a weight > 0:
             parameters no loss uses would stop data-parallel training, which reduces every
-            parameter's gradient).
+            parameter's gradient). ``None``: every objective's, the captioning one's when there is
+            a ``caption_decoder``.
+        caption_decoder: makes the decoder of the ``caption`` objective, given its vocabulary
+            size, padding id and context width (a partial :class:`CaptionDecoder` in config).
     """
 
     def __init__(
         self, backbone: TwoStreamModel, patch_target: Callable[[Tensor], Tensor] | None = None,
         itc_dim: int = 128, mask_id: int | None = None, special_ids: list[int] | None = None,
-        heads: Sequence[str] = OBJECTIVES,
+        heads: Sequence[str] | None = None, caption_decoder: Callable[..., CaptionDecoder] | None = None,
     ) -> None:
         super().__init__()
         v, t = backbone.vision, backbone.text
         self.backbone = backbone
         self.patch_target = patch_target or NormalizedPixels(v.patch_embed.patch_size)
         self.mask_id, self.special_ids = mask_id, list(special_ids or [])
+        if heads is None:
+            heads = [k for k in OBJECTIVES if k != "caption" or caption_decoder is not None]
         unknown = set(heads) - set(OBJECTIVES)
         if unknown:
             raise ValueError(f"heads={list(heads)}: {', '.join(sorted(unknown))} not among {', '.join(OBJECTIVES)}")
@@ -102,6 +112,13 @@ class TwoStreamPretrainer(nn.Module):
         self.itc_vision = nn.Linear(v.dim, itc_dim) if itc else None
         self.itc_text = nn.Linear(t.dim, itc_dim) if itc else None
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07))) if itc else None
+        self.caption_decoder = None
+        if "caption" in heads:
+            if caption_decoder is None:
+                raise ValueError("the caption objective needs a caption_decoder (model.caption_decoder in config)")
+            self.caption_decoder = caption_decoder(
+                vocab_size=t.token_embed.num_embeddings, pad_id=t.token_embed.padding_idx, context_dim=v.dim
+            )
         for head in (self.mlm_head and self.mlm_head.transform, self.mpm_head, self.itm_head, self.itc_vision, self.itc_text):
             if head is not None:
                 head.apply(init_weights)
@@ -170,7 +187,7 @@ class TwoStreamPretrainer(nn.Module):
         obj, device = objectives, images.device
         B = images.shape[0]
         special = torch.tensor(self.special_ids, device=device)
-        labels = None
+        labels, unmasked_ids = None, input_ids
         if obj.mlm > 0:
             if self.mask_id is None:
                 raise ValueError("TwoStreamPretrainer.mask_id is not set (the tokenizer's [MASK] id)")
@@ -186,6 +203,10 @@ class TwoStreamPretrainer(nn.Module):
         u = self.backbone.unimodal(images, input_ids, text_mask, replaced)
 
         out: dict[str, Tensor] = {}
+        if obj.caption > 0:  # [BOS] w1 .. wn -> w1 .. wn [EOS], from the vision stream alone
+            logits = self.caption_decoder(unmasked_ids[:, :-1], u.vision)
+            targets = unmasked_ids[:, 1:].masked_fill(~text_mask[:, 1:], IGNORE)
+            out["caption_loss"] = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE)
         same_image = image_ids[:, None] == image_ids[None, :]  # (B, B) aligned pairs
         sim = None
         if obj.itc > 0:
