@@ -100,9 +100,9 @@ def make_datamodule(source: str, args: argparse.Namespace, workers: int, tokeniz
         return folder
     shards = Path(args.root) / f"coco-shards-{args.coco_count}-{args.shard_image_size}px"
     if not (shards / "done").exists():
-        from mmtx.data.shards.write import write_shards
+        from mmtx.data.shards.write import caption_samples, write_shards
 
-        written = write_shards(folder.records("train"), shards, "train", image_size=args.shard_image_size)
+        written = write_shards(caption_samples(folder.records("train")), shards, "train", image_size=args.shard_image_size)
         (shards / "done").write_text(" ".join(written["shards"]))
     names = (shards / "done").read_text().split()
     return ShardCaptions(train={"shards": [str(shards / n) for n in names]}, image_size=args.coco_size, **common)

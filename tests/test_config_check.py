@@ -112,6 +112,7 @@ def test_the_pretrained_captioner_config_passes_and_a_missing_weights_file_is_na
         (["task=pretrain", "task.objectives.mlm=0", "task.objectives.mpm=0", "task.objectives.itm=0"],
          "task.objectives: every loss weight (mlm, mpm, itm, itc, caption) is 0; set one > 0"),
         (["task=pretrain", "task.objectives.mask_prob=1.5"], "task.objectives.mask_prob=1.5 must be a number in [0, 1]"),
+        (["task=pretrain", "model.itc_pool=max"], "model.itc_pool='max' must be one of cls, mean"),
         (["task=vqa", "task.num_answers=0"], "task.num_answers=0 must be a positive integer"),
         (["data=karpathy"], "data.annotations is not set (??? in the config): give it, e.g. data.annotations=..."),
         (["model=caption_pretrained"], "model.encoder.pretrained is not set (??? in the config)"),

@@ -215,6 +215,30 @@ def test_contrastive_loss_matches_cross_entropy_with_one_positive_each():
     torch.testing.assert_close(contrastive_loss(sim, eye), want)
 
 
+def test_itc_similarity_reads_cls_tokens_or_the_mean_of_real_tokens():
+    cls_model = tiny_pretrainer().eval()
+    mean_model = tiny_pretrainer().eval()
+    mean_model.itc_pool = "mean"  # the same weights, the other pooling
+    images, ids, mask = batch()
+    u = cls_model.backbone.unimodal(images, ids, mask)
+    vision, text = cls_model.backbone.vision.norm(u.vision), cls_model.backbone.text.norm(u.text)
+
+    def similarity(v, t):
+        v, t = F.normalize(cls_model.itc_vision(v), dim=-1), F.normalize(cls_model.itc_text(t), dim=-1)
+        return cls_model.logit_scale.exp() * v @ t.T
+
+    torch.testing.assert_close(cls_model.itc_similarity(u), similarity(vision[:, 0], text[:, 0]))
+    text_mean = torch.stack([text[i, mask[i]].mean(0) for i in range(len(ids))])  # padding left out
+    want = similarity(vision[:, 1:].mean(1), text_mean)  # the patches, not the CLS token
+    torch.testing.assert_close(mean_model.itc_similarity(u), want)
+    assert not torch.allclose(want, cls_model.itc_similarity(u))
+
+
+def test_itc_pool_must_be_known():
+    with pytest.raises(ValueError, match="itc_pool='max' must be one of cls, mean"):
+        TwoStreamPretrainer(tiny_pretrainer().backbone, itc_pool="max")
+
+
 def test_retrieval_recall_on_a_hand_made_case():
     # 3 images; texts 0,1 describe image 0, text 2 image 1, text 3 image 2
     scores = torch.tensor([

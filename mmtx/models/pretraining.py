@@ -27,6 +27,7 @@ from mmtx.nn.init import init_weights
 
 
 OBJECTIVES = ("mlm", "mpm", "itm", "itc", "caption")  # the loss weights of `Objectives`
+ITC_POOLS = ("cls", "mean")  # what the contrastive embeddings read (`TwoStreamPretrainer`)
 
 
 @dataclass
@@ -79,6 +80,12 @@ class TwoStreamPretrainer(nn.Module):
         patch_target: maps images (B, 3, H, W) to per-patch targets (B, N, dim) and has ``dim``;
             default :class:`NormalizedPixels`.
         itc_dim: width of the contrastive embedding space.
+        itc_pool: what the contrastive embeddings read from each stream's own output: ``cls``
+            (the CLS tokens, as CLIP's vision tower and ALBEF) or ``mean`` (the mean of the image
+            patches and of the text's tokens, as timm's and open_clip's ``avg`` pooling): the
+            mean holds every token from the first step, where a CLS token first has to learn to
+            gather them (with ``cls`` the contrastive loss can sit near chance for many steps on
+            some seeds: README, "What to expect").
         mask_id, special_ids: the tokenizer's [MASK] id and the ids never masked or sampled
             (filled in by the task from its tokenizer).
         heads: the objectives whose heads are built (the task gives those with a weight > 0:
@@ -93,10 +100,13 @@ class TwoStreamPretrainer(nn.Module):
         self, backbone: TwoStreamModel, patch_target: Callable[[Tensor], Tensor] | None = None,
         itc_dim: int = 128, mask_id: int | None = None, special_ids: list[int] | None = None,
         heads: Sequence[str] | None = None, caption_decoder: Callable[..., CaptionDecoder] | None = None,
+        itc_pool: str = "cls",
     ) -> None:
         super().__init__()
+        if itc_pool not in ITC_POOLS:
+            raise ValueError(f"itc_pool={itc_pool!r} must be one of {', '.join(ITC_POOLS)}")
         v, t = backbone.vision, backbone.text
-        self.backbone = backbone
+        self.backbone, self.itc_pool = backbone, itc_pool
         self.patch_target = patch_target or NormalizedPixels(v.patch_embed.patch_size)
         self.mask_id, self.special_ids = mask_id, list(special_ids or [])
         if heads is None:
@@ -125,9 +135,15 @@ class TwoStreamPretrainer(nn.Module):
 
     # --- scores used for training and evaluation -------------------------------------------------
     def itc_similarity(self, u: Unimodal) -> Tensor:
-        """Scaled cosine similarity (B_images, B_texts) of the streams' own CLS outputs."""
-        v = F.normalize(self.itc_vision(self.backbone.vision.norm(u.vision[:, 0])), dim=-1)
-        t = F.normalize(self.itc_text(self.backbone.text.norm(u.text[:, 0])), dim=-1)
+        """Scaled cosine similarity (B_images, B_texts) of the streams' own outputs, pooled by ``itc_pool``."""
+        vision, text = self.backbone.vision.norm(u.vision), self.backbone.text.norm(u.text)
+        if self.itc_pool == "mean":
+            weights = u.text_mask.unsqueeze(-1).to(text.dtype)  # (B, T, 1): real tokens only
+            vision, text = vision[:, 1:].mean(1), (text * weights).sum(1) / weights.sum(1).clamp(min=1)
+        else:
+            vision, text = vision[:, 0], text[:, 0]
+        v = F.normalize(self.itc_vision(vision), dim=-1)
+        t = F.normalize(self.itc_text(text), dim=-1)
         return self.logit_scale.exp().clamp(max=100) * v @ t.T
 
     def itm_logits(self, u: Unimodal) -> Tensor:
