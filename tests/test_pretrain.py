@@ -20,13 +20,14 @@ SPECIAL = list(range(7))  # [PAD] [BOS] [EOS] [UNK] [MASK] [CLS] [SEP]
 MASK = 4
 
 
-def tiny_pretrainer(pos: str = "learned", seed: int = 0, caption: bool = False) -> TwoStreamPretrainer:
+def tiny_pretrainer(pos: str = "learned", seed: int = 0, caption: bool = False, itc_pool: str = "cls") -> TwoStreamPretrainer:
     torch.manual_seed(seed)
     vision = VisionEncoder(image_size=32, patch_size=8, dim=48, depth=1, num_heads=4, pos_embed=pos)
     text = TextEncoder(60, dim=32, depth=2, num_heads=4, max_length=16, pos_embed=pos)
     decoder = functools.partial(CaptionDecoder, dim=32, depth=1, num_heads=4, max_length=16) if caption else None
     return TwoStreamPretrainer(
-        TwoStreamModel(vision, text, co_layers=2, joint_dim=40), mask_id=MASK, special_ids=SPECIAL, caption_decoder=decoder
+        TwoStreamModel(vision, text, co_layers=2, joint_dim=40), mask_id=MASK, special_ids=SPECIAL, caption_decoder=decoder,
+        itc_pool=itc_pool,
     )
 
 
@@ -217,8 +218,8 @@ def test_contrastive_loss_matches_cross_entropy_with_one_positive_each():
 
 def test_itc_similarity_reads_cls_tokens_or_the_mean_of_real_tokens():
     cls_model = tiny_pretrainer().eval()
-    mean_model = tiny_pretrainer().eval()
-    mean_model.itc_pool = "mean"  # the same weights, the other pooling
+    mean_model = tiny_pretrainer(itc_pool="mean").eval()  # the same seed: the same weights
+    assert all(torch.equal(a, b) for a, b in zip(cls_model.state_dict().values(), mean_model.state_dict().values()))
     images, ids, mask = batch()
     u = cls_model.backbone.unimodal(images, ids, mask)
     vision, text = cls_model.backbone.vision.norm(u.vision), cls_model.backbone.text.norm(u.text)
