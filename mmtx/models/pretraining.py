@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from mmtx.models.decoder import CaptionDecoder
 from mmtx.models.masking import IGNORE, mask_patches, mask_tokens
 from mmtx.models.patch_targets import NormalizedPixels
+from mmtx.models.text import mean_of_tokens
 from mmtx.models.two_stream import TwoStreamModel, Unimodal
 from mmtx.nn.init import init_weights
 
@@ -136,12 +137,11 @@ class TwoStreamPretrainer(nn.Module):
     # --- scores used for training and evaluation -------------------------------------------------
     def itc_similarity(self, u: Unimodal) -> Tensor:
         """Scaled cosine similarity (B_images, B_texts) of the streams' own outputs, pooled by ``itc_pool``."""
-        vision, text = self.backbone.vision.norm(u.vision), self.backbone.text.norm(u.text)
+        v_norm, t_norm = self.backbone.vision.norm, self.backbone.text.norm  # per token: pick tokens first
         if self.itc_pool == "mean":
-            weights = u.text_mask.unsqueeze(-1).to(text.dtype)  # (B, T, 1): real tokens only
-            vision, text = vision[:, 1:].mean(1), (text * weights).sum(1) / weights.sum(1).clamp(min=1)
+            vision, text = v_norm(u.vision[:, 1:]).mean(1), mean_of_tokens(t_norm(u.text), u.text_mask)
         else:
-            vision, text = vision[:, 0], text[:, 0]
+            vision, text = v_norm(u.vision[:, 0]), t_norm(u.text[:, 0])
         v = F.normalize(self.itc_vision(vision), dim=-1)
         t = F.normalize(self.itc_text(text), dim=-1)
         return self.logit_scale.exp().clamp(max=100) * v @ t.T

@@ -12,6 +12,12 @@ from mmtx.nn.init import init_weights
 from mmtx.nn.rotary import Rotary
 
 
+def mean_of_tokens(x: Tensor, mask: Tensor) -> Tensor:
+    """The mean (B, D) of each text's real tokens ``x`` (B, T, D), ``mask`` (B, T) True on them."""
+    weights = mask.unsqueeze(-1).to(x.dtype)
+    return (x * weights).sum(1) / weights.sum(1).clamp(min=1)
+
+
 class TextTransformer(nn.Module):
     """Embeds token ids and runs them through transformer blocks (pre-norm by default).
 

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmtx.models.decoder import CaptionDecoder
+from mmtx.models.text import mean_of_tokens
 from mmtx.models.two_stream import TwoStreamModel
 from mmtx.nn.init import init_weights
 
@@ -56,8 +57,7 @@ class VqaClassifier(nn.Module):
         """Answer logits (B, num_answers)."""
         joint = self.backbone(images, input_ids, text_mask)
         if self.pooling in ("tokens", "max"):
-            weights = text_mask.unsqueeze(-1).to(joint.text.dtype)  # (B, T, 1): question tokens only
-            text = (joint.text * weights).sum(1) / weights.sum(1).clamp(min=1)
+            text = mean_of_tokens(joint.text, text_mask)  # question tokens only
             vision = joint.vision.mean(1) if self.pooling == "tokens" else joint.vision.amax(1)
             return self.head(torch.cat([vision, text], dim=-1))
         if self.pooling == "concat":
