@@ -2,8 +2,8 @@
 
 ViLBERT's objectives on image-text pairs — masked language modelling, masked patch modelling
 (regressing the masked patch, see :mod:`mmtx.models.patch_targets`), image-text alignment on
-``h_IMG * h_CLS`` — plus an optional CLIP-style contrastive loss on the streams' own CLS outputs
-(before co-attention), whose similarities also pick hard negatives for alignment (as in ALBEF),
+``h_IMG * h_CLS`` — plus an optional CLIP-style contrastive loss on the streams' own outputs
+(before co-attention; their CLS tokens or the mean of their tokens), whose similarities also pick hard negatives for alignment (as in ALBEF),
 and an optional captioning loss: a small decoder writes the caption from the vision stream's own
 tokens (BLIP's and CoCa's language-modelling loss), which makes that stream tell the objects of
 a scene apart where a masked word can often be guessed from the caption's other words.
