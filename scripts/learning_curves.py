@@ -12,7 +12,8 @@ training time so far. The script collects those into curves of quality against m
 Tasks: ``caption`` (default captioner; CIDEr, BLEU-4 and, on shapes, caption correctness),
 ``pretrain`` (``experiment=pretrain_shapes``; alignment accuracy, R@1 both ways), ``vqa``
 (``experiment=vqa_shapes`` from scratch) and ``vqa_from_pretrain`` (the same, ``init_from=`` the
-``pretrain`` run of the same seed and variant ``base``, at ``task.lr=5e-4``). Runs already
+``pretrain`` run of the same seed and variant, at ``task.lr=5e-4``: a variant's overrides apply to
+the whole chain, so an architecture change is pretrained and fine-tuned alike). Runs already
 finished in ``OUT/runs`` are reused, so an interrupted sweep continues where it stopped; every
 variant ever run stays in the output.
 
@@ -93,9 +94,9 @@ def train(args: argparse.Namespace, task: str, variant: str, overrides: list[str
         *args.set, *overrides,
     ]
     if task == "vqa_from_pretrain":
-        pretrained = run_dir(args.out, "pretrain", "base", seed) / "checkpoints" / "last.ckpt"
+        pretrained = run_dir(args.out, "pretrain", variant, seed) / "checkpoints" / "last.ckpt"
         if not pretrained.exists():
-            sys.exit(f"vqa_from_pretrain needs {pretrained}: run --tasks pretrain (variant base) first")
+            sys.exit(f"vqa_from_pretrain needs {pretrained}: run --tasks pretrain (variant {variant}) first")
         command.append(f"init_from={pretrained}")
     print(f"[{task} {variant} seed {seed}] {shlex.join(command)}", flush=True)
     start = time.monotonic()
