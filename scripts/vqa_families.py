@@ -21,6 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from mmtx.data.synthetic.shapes import COLORS, KINDS, SIZES
+from mmtx.data.vqa.files import read_vqa
 from mmtx.metrics.vqa import vqa_accuracy
 
 _KIND = "|".join(KINDS)
@@ -55,17 +56,16 @@ def main() -> None:
     p.add_argument("--split", default="val")
     p.add_argument("--json", type=Path, help="also write {predictions file: {family: [n, accuracy]}} here")
     args = p.parse_args()
-    questions = {q["question_id"]: q["question"]
-                 for q in json.loads((args.root / f"questions_{args.split}.json").read_text())["questions"]}
-    annotations = {a["question_id"]: a
-                   for a in json.loads((args.root / f"annotations_{args.split}.json").read_text())["annotations"]}
+    root = args.root
+    records = {r.question_id: r for r in read_vqa(root / f"questions_{args.split}.json",
+                                                  root / f"annotations_{args.split}.json", root / args.split)}
     table = {}
     for path in args.predictions:
         groups: dict[str, dict[int, str]] = defaultdict(dict)
         for row in json.loads(path.read_text()):
-            groups[family(questions[row["question_id"]])][row["question_id"]] = row["answer"]
+            groups[family(records[row["question_id"]].question)][row["question_id"]] = row["answer"]
         table[str(path)] = {
-            name: [len(group), vqa_accuracy(group, {qid: annotations[qid] for qid in group}, ndigits=1)["accuracy"]]
+            name: [len(group), vqa_accuracy(group, {qid: records[qid] for qid in group}, ndigits=1)["accuracy"]]
             for name, group in groups.items()
         }
     names = [name for name in [*FAMILIES, "unknown"] if any(name in t for t in table.values())]
