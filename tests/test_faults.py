@@ -38,6 +38,24 @@ def test_processes_share_out_the_global_batches_of_one_process() -> None:
     assert list(s) == one
 
 
+def test_grouped_order_keeps_each_group_together_and_shares_out_like_one_process() -> None:
+    """With groups (an image's questions), a shuffled epoch lists each group's examples one after
+    another, every example once; 2 processes' global batches hold those of one process."""
+    groups = [i // 3 for i in range(48)][::-1]  # 16 groups of 3, ids in descending order
+    one = list(ShardedBatchSampler(48, 12, shuffle=True, drop_last=True, seed=3, groups=groups))
+    order = [i for batch in one for i, _ in batch]
+    assert sorted(order) == list(range(48))
+    runs = [groups[i] for k, i in enumerate(order) if k == 0 or groups[order[k - 1]] != groups[i]]
+    assert len(runs) == 16 and runs != sorted(runs, reverse=True)  # contiguous groups, shuffled
+    two = [list(ShardedBatchSampler(48, 6, shuffle=True, drop_last=True, seed=3, rank=r, world_size=2,
+                                    groups=groups)) for r in range(2)]
+    for k, batch in enumerate(one):
+        assert sorted(batch) == sorted(two[0][k] + two[1][k])
+        assert two[0][k] == batch[:6]  # a contiguous slice: a group stays on one process
+    with pytest.raises(ValueError, match="groups has 3 ids for 48 examples"):
+        ShardedBatchSampler(48, 12, shuffle=True, drop_last=True, groups=[0, 1, 2])
+
+
 def test_evaluation_shares_cover_every_example_with_equal_counts() -> None:
     shares = [ShardedBatchSampler(25, 4, shuffle=False, drop_last=False, rank=r, world_size=2) for r in range(2)]
     indices = [[i for batch in s for i, _ in batch] for s in shares]

@@ -230,6 +230,53 @@ def test_classifier_poolings_score_every_answer_and_learn(pooling: str) -> None:
     assert losses[-1] < 0.5 * losses[0]
 
 
+def test_questions_about_one_image_share_its_encoding() -> None:
+    """``image_index`` encodes each named image once: the same logits and gradients as encoding
+    every row, and the rows it does not name are not read."""
+    from mmtx.models import TextEncoder, VisionEncoder
+    from mmtx.models.two_stream import TwoStreamModel
+    from mmtx.models.vqa import VqaClassifier
+
+    torch.manual_seed(0)
+    backbone = TwoStreamModel(
+        VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, stem="conv"),
+        TextEncoder(vocab_size=30, dim=32, depth=1, num_heads=2, max_length=8), co_layers=1, joint_dim=24,
+    )
+    model = VqaClassifier(backbone, num_answers=7, pooling="max").eval()  # BatchNorm: running statistics
+    two = torch.randn(2, 3, 32, 32)
+    images = two[[0, 0, 1, 0, 1]]
+    ids, mask = torch.randint(1, 30, (5, 8)), torch.ones(5, 8, dtype=torch.bool)
+    index = torch.tensor([0, 0, 2, 0, 2])
+    shared_input = images.clone()
+    shared_input[[1, 3, 4]] = float("nan")  # never read
+    shared = model(shared_input, ids, mask, image_index=index)
+    shared.sum().backward()
+    shared_grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    each = model(images, ids, mask)
+    each.sum().backward()
+    torch.testing.assert_close(shared, each, rtol=1e-5, atol=1e-5)
+    assert sum(g is not None for g in shared_grads) > 20
+    for a, p in zip(shared_grads, model.parameters()):
+        torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-5)  # both None where unused
+
+
+def test_collator_points_each_question_to_the_first_row_with_its_image() -> None:
+    from mmtx.data.tokenizer import Tokenizer
+    from mmtx.data.vqa.datamodule import VqaCollator
+
+    tok = Tokenizer.train(["is there a circle", "how many shapes"])
+    a, b = torch.zeros(3, 8, 8, dtype=torch.uint8), torch.ones(3, 8, 8, dtype=torch.uint8)
+    examples = [
+        {"image": img, "image_id": iid, "question": "is there a circle", "answers": ["yes"], "answer_type": "yes/no",
+         "question_id": n}
+        for n, (iid, img) in enumerate([(7, a), (9, b), (7, a), (7, b), (9, b)])
+    ]  # the 4th: image 7 cropped otherwise (other pixels): encoded on its own
+    batch = VqaCollator(tok, max_length=8)(examples)
+    assert batch["image_index"].tolist() == [0, 1, 0, 3, 1]
+    assert batch["images"].shape == (5, 3, 8, 8)
+
+
 def test_unknown_pooling_is_refused() -> None:
     from mmtx.models import TextEncoder, VisionEncoder
     from mmtx.models.two_stream import TwoStreamModel

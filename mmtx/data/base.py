@@ -233,6 +233,7 @@ class ImageTextDataModule(L.LightningDataModule):
             self.batch_size if train else self.eval_batch_size,
             shuffle=train, drop_last=train, seed=self.seed,
             rank=trainer.global_rank if trainer else 0, world_size=trainer.world_size if trainer else 1,
+            groups=self.example_groups(split) if train else None,
         )
         if train and len(sampler) == 0:
             self._no_full_batch(len(self.datasets[split]), sampler.world_size)
@@ -253,6 +254,10 @@ class ImageTextDataModule(L.LightningDataModule):
             collate_fn=self.make_collator(),
             generator=torch.Generator().manual_seed(self.seed),  # worker seeds: not from the global RNG
         )
+
+    def example_groups(self, split: str) -> list[int] | None:
+        """A group id per example of ``split``, to batch each group's examples together (None: no groups)."""
+        return None
 
     def _no_full_batch(self, examples: int, world_size: int) -> None:
         """Refuse a training split too small for one full batch: it would train 0 steps and look done."""

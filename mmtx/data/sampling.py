@@ -11,7 +11,7 @@ a resumed run replays exactly what the uninterrupted one would have done.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -29,11 +29,16 @@ class ShardedBatchSampler(Sampler[list[tuple[int, int]]]):
             the index list is padded with repeats of its start so every process gets the same
             number of examples, as ``DistributedSampler`` does; the evaluation removes repeats.
         seed: the run's seed; the permutation and per-example seeds come from ``(seed, epoch)``.
+        groups: a group id per example (e.g. its image): when shuffling, the groups are shuffled
+            and each group's examples follow one another, so a batch holds all of few groups
+            (an image's questions share one pass of the image encoder); each process then takes
+            a contiguous slice of every global batch (the same examples per global batch as
+            interleaving). A group may still be cut by a batch boundary.
     """
 
     def __init__(
         self, size: int, batch_size: int, *, shuffle: bool, drop_last: bool, seed: int = 0,
-        rank: int = 0, world_size: int = 1,
+        rank: int = 0, world_size: int = 1, groups: Sequence[int] | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
@@ -41,6 +46,10 @@ class ShardedBatchSampler(Sampler[list[tuple[int, int]]]):
             raise ValueError(f"batch_size={batch_size} must be positive")
         self.size, self.batch_size, self.shuffle, self.drop_last = size, batch_size, shuffle, drop_last
         self.seed, self.rank, self.world_size = seed, rank, world_size
+        if groups is not None and len(groups) != size:
+            raise ValueError(f"groups has {len(groups)} ids for {size} examples")
+        # dense group ids 0..G-1, so that a permutation of the groups orders the examples
+        self.groups = None if groups is None else torch.unique(torch.as_tensor(groups), return_inverse=True)[1]
         self.epoch = 0
         self._skip: tuple[int, int] | None = None  # (epoch, batches already taken) after a resume
 
@@ -64,12 +73,25 @@ class ShardedBatchSampler(Sampler[list[tuple[int, int]]]):
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        order = torch.randperm(self.size, generator=g) if self.shuffle else torch.arange(self.size)
+        if not self.shuffle:
+            order = torch.arange(self.size)
+        elif self.groups is None:
+            order = torch.randperm(self.size, generator=g)
+        else:  # the groups in a random order, each group's examples in the data set's order
+            num_groups = int(self.groups.max()) + 1
+            rank_of_group = torch.empty(num_groups, dtype=torch.long)
+            rank_of_group[torch.randperm(num_groups, generator=g)] = torch.arange(num_groups)
+            # sort by (the group's place in the shuffle, the example's index)
+            order = torch.argsort(rank_of_group[self.groups] * self.size + torch.arange(self.size))
         seeds = torch.randint(2**62, (self.size,), generator=g)
         total = self._share() * self.world_size
         if total > self.size:  # evaluation on several processes: pad so every share is equal
             order = order.repeat(-(-total // self.size))
-        mine = order[:total][self.rank :: self.world_size].tolist()
+        if self.groups is not None and self.shuffle and self.drop_last:
+            # each process takes a contiguous slice of every global batch: a group stays on one process
+            mine = order[:total].view(-1, self.world_size, self.batch_size)[:, self.rank].flatten().tolist()
+        else:
+            mine = order[:total][self.rank :: self.world_size].tolist()
         seeds = seeds.tolist()
 
         start = 0

@@ -101,10 +101,19 @@ class TwoStreamModel(nn.Module):
         return t, rope
 
     def unimodal(
-        self, images: Tensor, input_ids: Tensor, text_mask: Tensor, masked_patches: Tensor | None = None
+        self, images: Tensor, input_ids: Tensor, text_mask: Tensor, masked_patches: Tensor | None = None,
+        image_index: Tensor | None = None,
     ) -> Unimodal:
-        """Run each stream's own blocks."""
+        """Run each stream's own blocks. ``image_index`` (B,), if given, says which row of
+        ``images`` holds each text's image (rows it does not name are not encoded): texts about
+        the same image share one pass of the vision stream."""
+        if image_index is not None:
+            rows, image_index = torch.unique(image_index, return_inverse=True)
+            images = images[rows]
+            masked_patches = None if masked_patches is None else masked_patches[rows]
         v, v_rope = self.encode_vision(images, masked_patches)
+        if image_index is not None:
+            v = v[image_index]
         t, t_rope = self.encode_text(input_ids, text_mask)
         return Unimodal(v, t, text_mask, v_rope, t_rope)
 
@@ -117,6 +126,9 @@ class TwoStreamModel(nn.Module):
         image_pooled, text_pooled = self.vision_pool(v[:, 0]), self.text_pool(t[:, 0])
         return Joint(v, t, image_pooled * text_pooled, image_pooled, text_pooled)
 
-    def forward(self, images: Tensor, input_ids: Tensor, text_mask: Tensor) -> Joint:
-        """``images`` (B, 3, H, W), ``input_ids``/``text_mask`` (B, T) -> :class:`Joint`."""
-        return self.fuse(self.unimodal(images, input_ids, text_mask))
+    def forward(
+        self, images: Tensor, input_ids: Tensor, text_mask: Tensor, image_index: Tensor | None = None
+    ) -> Joint:
+        """``images`` (B, 3, H, W), ``input_ids``/``text_mask`` (B, T) -> :class:`Joint`
+        (``image_index``: see :meth:`unimodal`)."""
+        return self.fuse(self.unimodal(images, input_ids, text_mask, image_index=image_index))

@@ -53,9 +53,12 @@ class VqaClassifier(nn.Module):
     def num_answers(self) -> int:
         return self.head[-1].out_features
 
-    def forward(self, images: Tensor, input_ids: Tensor, text_mask: Tensor) -> Tensor:
-        """Answer logits (B, num_answers)."""
-        joint = self.backbone(images, input_ids, text_mask)
+    def forward(
+        self, images: Tensor, input_ids: Tensor, text_mask: Tensor, image_index: Tensor | None = None
+    ) -> Tensor:
+        """Answer logits (B, num_answers); ``image_index`` (B,): the row of ``images`` holding
+        each question's image (each such row is encoded once; default: row i)."""
+        joint = self.backbone(images, input_ids, text_mask, image_index)
         if self.pooling in ("tokens", "max"):
             text = mean_of_tokens(joint.text, text_mask)  # question tokens only
             vision = joint.vision.mean(1) if self.pooling == "tokens" else joint.vision.amax(1)

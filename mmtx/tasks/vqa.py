@@ -62,9 +62,9 @@ class AnswerTask(Task):
     def loss(self, batch: dict[str, Any]) -> torch.Tensor:
         raise NotImplementedError
 
-    def answer(self, images: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor, k: int = 1
-               ) -> list[list[tuple[str, float]]]:
-        """The top ``k`` (answer, probability) per question."""
+    def answer(self, images: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor, k: int = 1,
+               image_index: torch.Tensor | None = None) -> list[list[tuple[str, float]]]:
+        """The top ``k`` (answer, probability) per question (``image_index``: see `VqaClassifier`)."""
         raise NotImplementedError
 
     # --- training ------------------------------------------------------------------------------
@@ -83,7 +83,9 @@ class AnswerTask(Task):
         B = batch["images"].shape[0]
         if all(batch["answers"]):
             self.log("val/loss", self.loss(batch), prog_bar=True, batch_size=B, sync_dist=True)
-        predicted = self.answer(batch["images"], batch["input_ids"], batch["attention_mask"], k=1)
+        predicted = self.answer(
+            batch["images"], batch["input_ids"], batch["attention_mask"], k=1, image_index=batch.get("image_index")
+        )
         for qid, top, answers, kind in zip(
             batch["question_ids"].tolist(), predicted, batch["answers"], batch["answer_types"]
         ):
@@ -160,15 +162,15 @@ class VqaTask(AnswerTask):
         return {"answers": build_answer_vocab(datamodule.answers("train"), size=num_answers)}
 
     def loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        logits = self.model(batch["images"], batch["input_ids"], batch["attention_mask"])
+        logits = self.model(batch["images"], batch["input_ids"], batch["attention_mask"], batch.get("image_index"))
         targets = soft_targets(batch["answers"], self.answer_index).to(self.device)
         return self.model.loss(logits, targets)
 
     @torch.no_grad()
-    def answer(self, images: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor, k: int = 5
-               ) -> list[list[tuple[str, float]]]:
+    def answer(self, images: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor, k: int = 5,
+               image_index: torch.Tensor | None = None) -> list[list[tuple[str, float]]]:
         """The top ``k`` answers per question with their probabilities (sigmoid scores)."""
-        probs = self.model(images, input_ids, mask).float().sigmoid()
+        probs = self.model(images, input_ids, mask, image_index).float().sigmoid()
         top = probs.topk(min(k, probs.shape[1]), dim=1)
         return [[(self.answers[i], p) for i, p in zip(idx.tolist(), ps.tolist())]
                 for idx, ps in zip(top.indices, top.values)]
@@ -200,9 +202,10 @@ class GenerativeVqaTask(AnswerTask):
         )
 
     @torch.no_grad()
-    def answer(self, images: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor, k: int = 1
-               ) -> list[list[tuple[str, float]]]:
-        """The generated answer per question with its probability under the model."""
+    def answer(self, images: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor, k: int = 1,
+               image_index: torch.Tensor | None = None) -> list[list[tuple[str, float]]]:
+        """The generated answer per question with its probability under the model (each
+        question's image encoded on its own: ``image_index`` is not used)."""
         tok = self.tokenizer
         context, context_mask = self.model.context(images, input_ids, mask)
         ids = generate(self.model.decoder, context, context_mask=context_mask, bos_id=tok.bos_id,

@@ -37,19 +37,31 @@ class VqaDataset(ImageTextDataset):
             "answers": list(rec.answers),
             "answer_type": rec.answer_type,
             "question_id": rec.question_id,
+            "image_id": rec.image_id,
         }
 
 
 class VqaCollator:
-    """Stacks images and tokenizes questions; answers stay strings (the task maps them to targets)."""
+    """Stacks images and tokenizes questions; answers stay strings (the task maps them to targets).
+
+    ``image_index`` (B,) gives, for each question, the first row of the batch holding the same
+    image (same id, same pixels), so the model encodes each image once however many of its
+    questions the batch holds.
+    """
 
     def __init__(self, tokenizer: Tokenizer, max_length: int) -> None:
         self.tokenizer, self.max_length = tokenizer, max_length
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         input_ids, mask = self.tokenizer.encode_batch([e["question"] for e in examples], self.max_length)
+        first: dict[int, int] = {}
+        image_index = []
+        for i, e in enumerate(examples):
+            j = first.setdefault(e["image_id"], i)
+            image_index.append(j if torch.equal(e["image"], examples[j]["image"]) else i)  # e.g. other crops
         return {
             "images": torch.stack([e["image"] for e in examples]),
+            "image_index": torch.tensor(image_index),
             "input_ids": input_ids,
             "attention_mask": mask,
             "question_ids": torch.tensor([e["question_id"] for e in examples]),
@@ -60,7 +72,23 @@ class VqaCollator:
 
 
 class VqaDataModule(ImageTextDataModule):
-    """Questions about images with ten answers each; subclasses say where the records come from."""
+    """Questions about images with ten answers each; subclasses say where the records come from.
+
+    Args:
+        group_by_image: shuffle images rather than questions in training, each image's
+            questions one after another, so a batch holds all the questions of fewer images and
+            the model encodes each of them once (`VqaCollator`).
+        **kwargs: see `ImageTextDataModule`.
+    """
+
+    def __init__(self, *args: Any, group_by_image: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.group_by_image = group_by_image
+
+    def example_groups(self, split: str) -> list[int] | None:
+        if not self.group_by_image:
+            return None
+        return [r.image_id for r in self.datasets[split].records]  # type: ignore[attr-defined]
 
     def make_dataset(self, records: list[VqaRecord], transform: Any, train: bool) -> Dataset:
         if train:
