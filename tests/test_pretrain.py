@@ -52,6 +52,29 @@ def test_co_attention_layer_shapes_and_widths():
     assert layer.vision_cross.attn is None and layer.vision_cross.cross_attn is not None
 
 
+def test_one_way_co_attention_lets_only_the_text_read_the_image():
+    """vision_reads_text=False: the image tokens are each image's own, whatever the question;
+    the question still reads the image."""
+    layer = CoAttentionLayer(vision_dim=48, text_dim=32, vision_heads=4, text_heads=2, vision_reads_text=False)
+    assert layer.vision_cross is None and layer.vision_self is None
+    v, t, mask = torch.randn(2, 17, 48), torch.randn(2, 9, 32), torch.ones(2, 9, dtype=torch.bool)
+    v2, t2 = layer.eval()(v, t, mask)
+    assert v2 is v and t2.shape == t.shape
+
+    torch.manual_seed(0)
+    model = TwoStreamModel(
+        VisionEncoder(image_size=32, patch_size=8, dim=48, depth=1, num_heads=4),
+        TextEncoder(vocab_size=60, dim=32, depth=1, num_heads=2, max_length=16),
+        co_layers=2, joint_dim=40, vision_reads_text=False,
+    ).eval()
+    images, ids, mask = batch()
+    out = model(images, ids, mask)
+    other_text = model(images, ids.roll(1, 0), mask.roll(1, 0))
+    other_image = model(images.roll(1, 0), ids, mask)
+    torch.testing.assert_close(out.vision, other_text.vision)  # the image tokens ignore the question
+    assert not torch.allclose(out.text, other_image.text)  # the question reads the image
+
+
 @pytest.mark.parametrize("pos", ["learned", "rope"])
 def test_text_padding_does_not_leak_into_either_stream(pos):
     model = tiny_pretrainer(pos).eval().backbone

@@ -277,6 +277,28 @@ def test_collator_points_each_question_to_the_first_row_with_its_image() -> None
     assert batch["images"].shape == (5, 3, 8, 8)
 
 
+def test_softmax_loss_is_cross_entropy_against_the_normalised_scores() -> None:
+    """loss=softmax: -sum(t / sum(t) * log softmax(z)) per question, a question without a
+    known answer adds nothing, and the answer probabilities sum to one."""
+    from mmtx.models import TextEncoder, VisionEncoder
+    from mmtx.models.two_stream import TwoStreamModel
+    from mmtx.models.vqa import VqaClassifier
+
+    backbone = TwoStreamModel(VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2),
+                              TextEncoder(vocab_size=30, dim=32, depth=1, num_heads=2, max_length=8), co_layers=1)
+    model = VqaClassifier(backbone, num_answers=4, pooling="max", loss="softmax")
+    logits = torch.tensor([[2.0, 0.0, -1.0, 0.5], [0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    targets = torch.tensor([[1.0, 0.3, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.6, 0.6]])
+    log_p = logits.log_softmax(-1)
+    expected = (-(targets[0] / 1.3 * log_p[0]).sum() - (0.5 * log_p[2, 2:]).sum()) / 3
+    torch.testing.assert_close(model.loss(logits, targets), expected)
+    torch.testing.assert_close(model.probabilities(logits).sum(-1), torch.ones(3))
+    bce = VqaClassifier(backbone, num_answers=4, pooling="max")
+    torch.testing.assert_close(bce.probabilities(logits), logits.sigmoid())
+    with pytest.raises(ValueError, match="loss='ce' must be one of bce, softmax"):
+        VqaClassifier(backbone, num_answers=4, loss="ce")
+
+
 def test_unknown_pooling_is_refused() -> None:
     from mmtx.models import TextEncoder, VisionEncoder
     from mmtx.models.two_stream import TwoStreamModel

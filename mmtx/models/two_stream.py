@@ -55,11 +55,14 @@ class TwoStreamModel(nn.Module):
             stream does (pre-norm ViT, post-norm BERT).
         co_layers: number of co-attention layers (ViLBERT: 6 in the base model).
         joint_dim: width of the pooled joint representation.
+        vision_reads_text: False keeps only the text half of each co-attention layer (the
+            question reads the image; the image tokens do not depend on the question), so the
+            vision work is done once per image however many questions it has.
     """
 
     def __init__(
         self, vision: VisionEncoder, text: TextEncoder, co_layers: int = 2, joint_dim: int = 256,
-        mlp_ratio: float = 4.0, dropout: float = 0.0,
+        mlp_ratio: float = 4.0, dropout: float = 0.0, vision_reads_text: bool = True,
     ) -> None:
         super().__init__()
         if co_layers < 0:
@@ -69,6 +72,7 @@ class TwoStreamModel(nn.Module):
             CoAttentionLayer(
                 vision.dim, text.dim, vision.num_heads, text.num_heads, mlp_ratio, dropout=dropout,
                 vision_norm_first=vision.norm_first, text_norm_first=text.norm_first,
+                vision_reads_text=vision_reads_text,
             )
             for _ in range(co_layers)
         )

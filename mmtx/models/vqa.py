@@ -13,11 +13,12 @@ from mmtx.nn.init import init_weights
 
 
 POOLINGS = ("product", "concat", "tokens", "max")
+LOSSES = ("bce", "softmax")
 
 
 class VqaClassifier(nn.Module):
     """A two-layer MLP on the pooled joint encoding scoring each answer of a fixed vocabulary,
-    trained with binary cross-entropy on soft scores.
+    trained on the annotators' soft scores.
 
     Args:
         backbone: the two-stream model (typically initialised from pretraining).
@@ -30,16 +31,21 @@ class VqaClassifier(nn.Module):
             reads every fused token rather than two summary tokens; ``max`` takes the image
             tokens' maximum instead of their mean: a small object that answers the question
             stands out of a mostly empty image instead of being averaged away.
+        loss: ``bce``: an independent sigmoid per answer (ViLBERT, BUTD: several answers can be
+            right); ``softmax``: cross-entropy of the answers' softmax against the soft scores
+            normalised to sum to one (one answer competes with the others, as in a classifier).
     """
 
     def __init__(
         self, backbone: TwoStreamModel, num_answers: int, hidden_mult: float = 2.0, dropout: float = 0.1,
-        pooling: str = "product",
+        pooling: str = "product", loss: str = "bce",
     ) -> None:
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"pooling={pooling!r} must be one of {', '.join(POOLINGS)}")
-        self.backbone, self.pooling = backbone, pooling
+        if loss not in LOSSES:
+            raise ValueError(f"loss={loss!r} must be one of {', '.join(LOSSES)}")
+        self.backbone, self.pooling, self.loss_kind = backbone, pooling, loss
         tokens = backbone.vision.dim + backbone.text.dim
         width = {"product": backbone.joint_dim, "concat": 2 * backbone.joint_dim, "tokens": tokens, "max": tokens}[pooling]
         hidden = int(backbone.joint_dim * hidden_mult)
@@ -68,8 +74,18 @@ class VqaClassifier(nn.Module):
         return self.head(joint.pooled)
 
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
-        """BCE against soft scores (B, A), summed over answers as in ViLBERT/BUTD, mean over questions."""
-        return F.binary_cross_entropy_with_logits(logits.float(), targets, reduction="sum") / len(targets)
+        """The loss against soft scores (B, A), mean over questions: BCE summed over answers as
+        in ViLBERT/BUTD, or the softmax's cross-entropy against the normalised scores."""
+        logits = logits.float()
+        if self.loss_kind == "bce":
+            return F.binary_cross_entropy_with_logits(logits, targets, reduction="sum") / len(targets)
+        # a question none of whose answers is in the vocabulary has no target: it adds nothing
+        return F.cross_entropy(logits, targets / targets.sum(1, keepdim=True).clamp_min(1e-6), reduction="sum") / len(targets)
+
+    def probabilities(self, logits: Tensor) -> Tensor:
+        """Each answer's probability (B, A) under the loss trained: sigmoid or softmax."""
+        logits = logits.float()
+        return logits.sigmoid() if self.loss_kind == "bce" else logits.softmax(-1)
 
 
 class VqaGenerator(nn.Module):

@@ -132,7 +132,9 @@ class CoAttentionLayer(nn.Module):
     through its own MLP; then each stream runs a regular self-attention block. The two streams
     may have different widths and head counts, and each stream's blocks place their norms as
     that stream does (``vision_norm_first``/``text_norm_first``: a post-norm BERT text stream
-    gets post-norm blocks, whose outputs need no final norm).
+    gets post-norm blocks, whose outputs need no final norm). ``vision_reads_text=False`` keeps
+    only the text half: the text reads the image, the image tokens pass unchanged (so they stay
+    the same for every question about an image).
     """
 
     def __init__(
@@ -145,16 +147,20 @@ class CoAttentionLayer(nn.Module):
         *,
         vision_norm_first: bool = True,
         text_norm_first: bool = True,
+        vision_reads_text: bool = True,
         **block_kwargs,
     ) -> None:
         super().__init__()
         v_kw = dict(mlp_ratio=mlp_ratio, norm_first=vision_norm_first, **block_kwargs)
         t_kw = dict(mlp_ratio=mlp_ratio, norm_first=text_norm_first, **block_kwargs)
-        self.vision_cross = TransformerBlock(
-            vision_dim, vision_heads, context_dim=text_dim, self_attention=False, **v_kw
-        )
+        if vision_reads_text:
+            self.vision_cross = TransformerBlock(
+                vision_dim, vision_heads, context_dim=text_dim, self_attention=False, **v_kw
+            )
+            self.vision_self = TransformerBlock(vision_dim, vision_heads, **v_kw)
+        else:
+            self.vision_cross = self.vision_self = None
         self.text_cross = TransformerBlock(text_dim, text_heads, context_dim=vision_dim, self_attention=False, **t_kw)
-        self.vision_self = TransformerBlock(vision_dim, vision_heads, **v_kw)
         self.text_self = TransformerBlock(text_dim, text_heads, **t_kw)
 
     def forward(
@@ -166,6 +172,8 @@ class CoAttentionLayer(nn.Module):
         text_rope: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor]:
         """``vision`` (B, N, Dv), ``text`` (B, T, Dt), ``text_mask`` (B, T) True on real tokens."""
+        t = self.text_self(self.text_cross(text, vision), mask=text_mask, rope=text_rope)
+        if self.vision_cross is None:
+            return vision, t
         v = self.vision_cross(vision, text, context_mask=text_mask)
-        t = self.text_cross(text, vision)
-        return self.vision_self(v, rope=vision_rope), self.text_self(t, mask=text_mask, rope=text_rope)
+        return self.vision_self(v, rope=vision_rope), t

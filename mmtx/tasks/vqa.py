@@ -169,8 +169,8 @@ class VqaTask(AnswerTask):
     @torch.no_grad()
     def answer(self, images: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor, k: int = 5,
                image_index: torch.Tensor | None = None) -> list[list[tuple[str, float]]]:
-        """The top ``k`` answers per question with their probabilities (sigmoid scores)."""
-        probs = self.model(images, input_ids, mask, image_index).float().sigmoid()
+        """The top ``k`` answers per question with their probabilities (sigmoid or softmax scores)."""
+        probs = self.model.probabilities(self.model(images, input_ids, mask, image_index))
         top = probs.topk(min(k, probs.shape[1]), dim=1)
         return [[(self.answers[i], p) for i, p in zip(idx.tolist(), ps.tolist())]
                 for idx, ps in zip(top.indices, top.values)]
