@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import lightning as L
+import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -75,11 +76,22 @@ def friendly_errors(fn: Callable[[DictConfig], Any]) -> Callable[[DictConfig], A
     def wrapper(cfg: DictConfig) -> Any:
         mute_library_noise()
         try:
-            return fn(cfg)
+            result = fn(cfg)
         except USER_ERRORS as e:
             sys.exit(f"mmtx: {e}")
+        leave_process_group()
+        return result
 
     return wrapper
+
+
+def leave_process_group() -> None:
+    """End a distributed run's process group once every process is done with it. Left to the
+    interpreter's exit, gloo's threads can still be running when the process goes away, and that
+    process aborts ("terminate called without an active exception") after a run that succeeded."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 DATA_FILE_KEYS = ("annotations", "images", "questions", "file", "shards")  # the user's files in a data config
