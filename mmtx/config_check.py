@@ -217,6 +217,9 @@ def data_problems(data: Any, key: str = "data", splits: tuple[str, ...] = ()) ->
         len(crop) == 2 and all(_is_number(v) for v in crop) and 0 < crop[0] <= crop[1] <= 1
     ):
         problems.append(f"{key}.crop_scale={_show(crop)} must be null or [lo, hi] with 0 < lo <= hi <= 1")
+    shift, size = get("shift_px", 0), get("image_size")
+    if not _is_int(shift) or shift < 0 or (_is_int(size) and shift >= size // 2):
+        problems.append(f"{key}.shift_px={shift!r} must be an integer from 0 to image_size/2 - 1")
     for policy in ("on_bad_image", "on_bad_annotation"):
         if policy in data and get(policy) not in POLICIES and not _source(data, policy):  # else: reported at its source
             problems.append(f"{key}.{policy}={get(policy)!r} is not one of {', '.join(POLICIES)}")

@@ -88,6 +88,7 @@ def test_the_pretrained_captioner_config_passes_and_a_missing_weights_file_is_na
         (["data.max_length=2"], "data.max_length=2 must be an integer >= 3"),
         (["data.num_workers=-1"], "data.num_workers=-1 must be an integer >= 0"),
         (["data.crop_scale=[0.8,0.2]"], "data.crop_scale=[0.8, 0.2] must be null or [lo, hi] with 0 < lo <= hi <= 1"),
+        (["data.shift_px=-2"], "data.shift_px=-2 must be an integer from 0 to image_size/2 - 1"),
         (["data.on_bad_image=ignore"], "data.on_bad_image='ignore' is not one of error, skip"),
         (["data.on_bad_annotation=warn"], "data.on_bad_annotation='warn' is not one of error, skip"),
         (["model.encoder.pos_embed=alibi"], "model.encoder.pos_embed='alibi' is not one of learned, sinusoidal, rope"),

@@ -17,7 +17,7 @@ from torchvision.transforms import v2
 
 from mmtx.data import images
 from mmtx.data.images import ALPHA_BACKGROUND, ImageLoadError, load_image, read_image
-from mmtx.data.transforms import IMAGENET_MEAN, IMAGENET_STD, build_transforms
+from mmtx.data.transforms import IMAGENET_MEAN, IMAGENET_STD, build_transforms, random_shift
 
 
 def _save(img: Image.Image, path: Path, **params) -> Path:
@@ -224,6 +224,24 @@ def test_train_transforms_crop_randomly_and_never_flip() -> None:
     assert first.shape == (8, 3, 24, 24) and torch.equal(first, again)
     assert not torch.equal(first[0], first[1])  # crops differ
     assert (first[:, 0, :, -1] >= first[:, 0, :, 0]).all()  # left stays darker than right: no flip
+
+
+def test_random_shift_moves_each_image_by_its_own_offset() -> None:
+    """One bright pixel per image: it reappears moved by at most ``max_px`` each way, by offsets
+    that differ between the images of a batch, the border filled with the edge's own pixels."""
+    images = torch.zeros(32, 3, 16, 16)
+    images[:, :, 8, 5] = 1.0
+    assert random_shift(images, 0) is images
+    torch.manual_seed(0)
+    shifted = random_shift(images, 3)
+    assert shifted.shape == images.shape and torch.equal(shifted[:, 0], shifted[:, 2])  # channels move together
+    where = shifted[:, 0].flatten(1).argmax(dim=1)
+    dy, dx = where // 16 - 8, where % 16 - 5
+    assert (shifted.flatten(1).sum(dim=1) == 3).all()  # the pixel is moved, never lost or doubled
+    assert dy.abs().max() <= 3 and dx.abs().max() <= 3 and len(set(zip(dy.tolist(), dx.tolist()))) > 8
+    ramp = torch.linspace(0, 1, 16).expand(1, 3, 16, 16)  # dark left, bright right
+    moved = random_shift(ramp.repeat(8, 1, 1, 1), 2)
+    assert (moved[:, :, :, 1:] >= moved[:, :, :, :-1]).all()  # left stays left: a shift, never a flip
 
 
 @pytest.mark.parametrize(

@@ -80,3 +80,20 @@ def test_uint8_batches_normalised_on_the_device_equal_the_whole_pipeline(tmp_pat
     module = CocoCaptions(image_size=32, tokenizer=lambda texts: None)
     batch = module.on_after_batch_transfer({"images": pixels.clone(), "input_ids": torch.zeros(3, 4)}, 0)
     assert torch.equal(batch["images"], expected)
+
+
+def test_training_batches_only_are_shifted(tmp_path: Path) -> None:
+    """``shift_px`` moves the images of training batches; validation sees them as they are."""
+    from types import SimpleNamespace
+
+    from mmtx.data.captions import CocoCaptions
+
+    pixels = torch.stack([build_pixels(32, train=False)(Image.open(p)) for p in write_images(tmp_path, 3)])
+    module = CocoCaptions(image_size=32, shift_px=3, tokenizer=lambda texts: None)
+    for training in (True, False):
+        module.trainer = SimpleNamespace(training=training)
+        torch.manual_seed(0)
+        batch = module.on_after_batch_transfer({"images": pixels.clone()}, 0)
+        assert torch.equal(batch["images"], normalize_images(pixels)) is not training
+    with pytest.raises(ValueError, match="data.shift_px=16"):
+        CocoCaptions(image_size=32, shift_px=16)

@@ -35,7 +35,7 @@ from mmtx.data.images import ImageLoadError, read_image
 from mmtx.data.memory import ImagesInMemory, fits_in_memory
 from mmtx.data.sampling import SeededDataset, ShardedBatchSampler, position_in_epoch
 from mmtx.data.tokenizer import Tokenizer, TokenizerError
-from mmtx.data.transforms import build_pixels, normalize_images
+from mmtx.data.transforms import build_pixels, normalize_images, random_shift
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,8 @@ class ImageTextDataModule(L.LightningDataModule):
         max_length: longest text in tokens, [BOS] and [EOS] included (longer ones are cut,
             counted and reported).
         crop_scale: ``[min, max]`` area for random resized crops in training; ``None``: no crop.
+        shift_px: move each training image by a random offset of up to this many pixels each
+            way (`mmtx.data.transforms.random_shift`), on the training device; 0: none.
         on_bad_image: ``error`` (stop before training, naming the bad files) or ``skip`` (leave
             them and their texts out; replace an image that fails to decode later).
         on_bad_annotation: the same for malformed annotation entries (default: ``on_bad_image``).
@@ -107,6 +109,7 @@ class ImageTextDataModule(L.LightningDataModule):
         num_workers: int = 2,
         max_length: int = 32,
         crop_scale: tuple[float, float] | None = None,
+        shift_px: int = 0,
         on_bad_image: Policy = "error",
         on_bad_annotation: Policy | None = None,
         in_memory: bool | str = "auto",
@@ -127,6 +130,9 @@ class ImageTextDataModule(L.LightningDataModule):
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers, self.max_length = num_workers, max_length
         self.crop_scale = tuple(crop_scale) if crop_scale else None
+        if isinstance(shift_px, bool) or not isinstance(shift_px, int) or not 0 <= shift_px < image_size // 2:
+            raise ValueError(f"data.shift_px={shift_px!r} must be an integer from 0 to image_size/2 - 1")
+        self.shift_px = shift_px
         self.on_bad_image = check_policy(on_bad_image, "data.on_bad_image")
         self.on_bad_annotation = check_policy(on_bad_annotation or on_bad_image, "data.on_bad_annotation")
         if not (tokenizer is None or isinstance(tokenizer, Tokenizer) or callable(tokenizer)):
@@ -272,8 +278,10 @@ class ImageTextDataModule(L.LightningDataModule):
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Lightning's hook once a batch is on the training device: its uint8 images normalised
-        there (`mmtx.data.transforms`)."""
+        there (`mmtx.data.transforms`), and shifted at random in training when ``shift_px`` says so."""
         batch["images"] = normalize_images(batch["images"])
+        if self.shift_px and self.trainer is not None and self.trainer.training:
+            batch["images"] = random_shift(batch["images"], self.shift_px)
         return batch
 
     # --- resuming mid-epoch ---------------------------------------------------------------------

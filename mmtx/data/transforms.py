@@ -79,3 +79,21 @@ def normalize_images(images: torch.Tensor) -> torch.Tensor:
     return v2.functional.normalize(
         v2.functional.to_dtype(images, torch.float32, scale=True), list(IMAGENET_MEAN), list(IMAGENET_STD)
     )
+
+
+def random_shift(images: torch.Tensor, max_px: int) -> torch.Tensor:
+    """Move each image of a batch (B, C, H, W) by its own random whole-pixel offset, up to
+    ``max_px`` each way, the edge pixels repeated into the uncovered border. Left stays left,
+    nothing leaves the frame for a small ``max_px``: answers and captions about position, count
+    and colour stay true, and the model cannot learn where on the patch grid a shape falls.
+    (torchvision's ``RandomCrop(padding_mode="edge")`` on a batch draws one offset for all.)"""
+    if max_px <= 0:
+        return images
+    B, C, H, W = images.shape
+    padded = torch.nn.functional.pad(images, (max_px,) * 4, mode="replicate")
+    dy, dx = torch.randint(0, 2 * max_px + 1, (2, B, 1), device=images.device)
+    rows = dy + torch.arange(H, device=images.device)  # (B, H): the rows each image keeps
+    cols = dx + torch.arange(W, device=images.device)  # (B, W)
+    b = torch.arange(B, device=images.device)[:, None, None, None]
+    c = torch.arange(C, device=images.device)[None, :, None, None]
+    return padded[b, c, rows[:, None, :, None], cols[:, None, None, :]]
