@@ -83,9 +83,10 @@ def normalize_images(images: torch.Tensor) -> torch.Tensor:
 
 def random_shift(images: torch.Tensor, max_px: int) -> torch.Tensor:
     """Move each image of a batch (B, C, H, W) by its own random whole-pixel offset, up to
-    ``max_px`` each way, the edge pixels repeated into the uncovered border. Left stays left,
-    nothing leaves the frame for a small ``max_px``: answers and captions about position, count
-    and colour stay true, and the model cannot learn where on the patch grid a shape falls.
+    ``max_px`` each way, the edge pixels repeated into the uncovered border. Left stays left and
+    a small ``max_px`` cuts at most a sliver off an object at the border: answers and captions
+    about position, count and colour stay true, and the model cannot learn where on the patch
+    grid a shape falls.
     (torchvision's ``RandomCrop(padding_mode="edge")`` on a batch draws one offset for all.)"""
     if max_px <= 0:
         return images
