@@ -6,8 +6,12 @@ import csv
 import math
 from pathlib import Path
 
+import lightning as L
 import pytest
+import torch
+from torch.utils.data import DataLoader
 
+from mmtx.tasks.base import Task
 from mmtx.tasks.optim import warmup_cosine
 from tests.helpers import train_in_process
 
@@ -69,3 +73,35 @@ def test_a_time_budgeted_run_ends_its_schedule_and_logs_minutes(tiny: list[str],
     lrs = [float(r["train/lr"]) for r in rows if r.get("train/lr")]
     assert len(lrs) > 10 and max(lrs) > 5 * lrs[-1]
     assert lrs[-1] == pytest.approx(0.05 * 1e-3, rel=0.5)  # annealed to the floor by the deadline
+
+
+class _TinyTask(Task):
+    """One linear layer under a task's optimizer and schedule, its gradients blown up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.save_hyperparameters(dict(lr=1e-3, weight_decay=0.0, betas=(0.9, 0.98), warmup_ratio=0.0, min_lr_ratio=0.1))
+        self.model = torch.nn.Linear(4, 4)
+        self.norms: list[float] = []
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return 1e3 * self.model(batch["images"]).square().mean()
+
+    def configure_optimizers(self) -> dict:
+        answer = super().configure_optimizers()
+        norm = lambda *_: self.norms.append(math.hypot(*(p.grad.norm().item() for p in self.model.parameters())))  # noqa: E731
+        answer["optimizer"].register_step_post_hook(norm)  # the gradients the update read
+        return answer
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "32-true"])
+def test_the_fused_optimizer_steps_on_clipped_gradients(precision: str) -> None:
+    """AdamW runs fused on the CPU, and its gradients are clipped under bf16 autocast too
+    (where Lightning refuses to clip for a fused optimizer: `Task.configure_gradient_clipping`)."""
+    torch.manual_seed(0)
+    task = _TinyTask()
+    trainer = L.Trainer(accelerator="cpu", precision=precision, gradient_clip_val=0.5, max_steps=3, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer.fit(task, train_dataloaders=DataLoader([{"images": x} for x in torch.randn(12, 4)], batch_size=4))
+    assert trainer.optimizers[0].defaults["fused"]
+    assert task.norms == pytest.approx([0.5] * 3, rel=1e-3)

@@ -278,10 +278,11 @@ class ImageTextDataModule(L.LightningDataModule):
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Lightning's hook once a batch is on the training device: its uint8 images normalised
-        there (`mmtx.data.transforms`), and shifted at random in training when ``shift_px`` says so."""
-        batch["images"] = normalize_images(batch["images"])
+        there (`mmtx.data.transforms`), shifted at random first in training when ``shift_px`` says
+        so (a quarter of the bytes to move while still uint8)."""
         if self.shift_px and self.trainer is not None and self.trainer.training:
             batch["images"] = random_shift(batch["images"], self.shift_px)
+        batch["images"] = normalize_images(batch["images"])
         return batch
 
     # --- resuming mid-epoch ---------------------------------------------------------------------

@@ -87,14 +87,11 @@ def random_shift(images: torch.Tensor, max_px: int) -> torch.Tensor:
     a small ``max_px`` cuts at most a sliver off an object at the border: answers and captions
     about position, count and colour stay true, and the model cannot learn where on the patch
     grid a shape falls.
-    (torchvision's ``RandomCrop(padding_mode="edge")`` on a batch draws one offset for all.)"""
+    (torchvision's ``RandomCrop(padding_mode="edge")`` on a batch draws one offset for all.) The
+    offsets come from the CPU generator, so a batch on an accelerator costs no synchronisation."""
     if max_px <= 0:
         return images
     B, C, H, W = images.shape
     padded = torch.nn.functional.pad(images, (max_px,) * 4, mode="replicate")
-    dy, dx = torch.randint(0, 2 * max_px + 1, (2, B, 1), device=images.device)
-    rows = dy + torch.arange(H, device=images.device)  # (B, H): the rows each image keeps
-    cols = dx + torch.arange(W, device=images.device)  # (B, W)
-    b = torch.arange(B, device=images.device)[:, None, None, None]
-    c = torch.arange(C, device=images.device)[None, :, None, None]
-    return padded[b, c, rows[:, None, :, None], cols[:, None, None, :]]
+    offsets = torch.randint(0, 2 * max_px + 1, (B, 2)).tolist()
+    return torch.stack([padded[i, :, y : y + H, x : x + W] for i, (y, x) in enumerate(offsets)])

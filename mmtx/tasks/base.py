@@ -10,6 +10,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
 
 from mmtx.checkpoint import DATA_KEY, TASK_KEY
 from mmtx.generation import GenerationConfig
@@ -75,6 +76,23 @@ class Task(L.LightningModule):
             self.model, self.trainer, lr=h.lr, weight_decay=h.weight_decay, betas=h.betas,
             warmup_ratio=h.warmup_ratio, min_lr_ratio=h.min_lr_ratio,
         )
+
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Lightning's clipping, but also for the fused optimizer under bf16 autocast: Lightning
+        refuses to clip for any fused optimizer, in case a gradient scaler (fp16) has not yet
+        unscaled the gradients (Lightning issue #21435); bf16 has no scaler, so the gradients are
+        clipped here as Lightning would clip them. (FSDP clips through its own plugin.)"""
+        plugin = self.trainer.precision_plugin
+        if gradient_clip_val and optimizer.defaults.get("fused") and isinstance(plugin, MixedPrecision) and plugin.scaler is None:
+            if (gradient_clip_algorithm or "norm") == "norm":
+                torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)
+            else:
+                torch.nn.utils.clip_grad_value_(self.parameters(), gradient_clip_val)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         """Log the step's learning rate as ``train/lr``. (Lightning's ``LearningRateMonitor``

@@ -96,7 +96,11 @@ def build_optimizer(
 ) -> dict:
     """The ``configure_optimizers`` answer: AdamW + a per-step warm-up/cosine schedule over the
     trainer's budget (steps, epochs and/or time)."""
-    use_fused = next(model.parameters()).is_cuda
+    # the fused kernel updates every parameter in one pass (PyTorch's default on the CPU is a loop
+    # over them, a visible share of a small model's step); not beside fp16's gradient scaler, with
+    # which Lightning cannot clip gradients (see `mmtx.tasks.base.Task.configure_gradient_clipping`)
+    scaled = getattr(trainer.precision_plugin, "scaler", None) is not None
+    use_fused = next(model.parameters()).device.type in ("cuda", "cpu") and not scaled
     optimizer = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), fused=use_fused)
     factor = warmup_cosine(warmup_ratio, float(trainer.estimated_stepping_batches), min_lr_ratio, time_progress(trainer))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
