@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 from mmtx.data.bad_data import FAILURES_KEY, Policy
 from mmtx.data.base import FileSplits, ImageTextDataModule, ImageTextDataset, split_files
@@ -65,7 +65,7 @@ class CaptionCollator:
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         input_ids, mask = self.tokenizer.encode_batch([e["caption"] for e in examples], self.max_length)
         return {
-            "images": torch.stack([e["image"] for e in examples]),  # (B, 3, H, W)
+            "images": default_collate([e["image"] for e in examples]),  # (B, 3, H, W); in a worker, straight into shared memory
             "input_ids": input_ids,  # (B, T): [BOS] caption [EOS] [PAD]...
             "attention_mask": mask,
             "image_ids": torch.tensor([e["image_id"] for e in examples]),

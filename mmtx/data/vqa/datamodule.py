@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 from mmtx.data.bad_data import FAILURES_KEY, Policy
 from mmtx.data.base import FileSplits, ImageTextDataModule, ImageTextDataset, split_files
@@ -60,7 +60,7 @@ class VqaCollator:
             j = first.setdefault(e["image_id"], i)
             image_index.append(j if torch.equal(e["image"], examples[j]["image"]) else i)  # e.g. other crops
         return {
-            "images": torch.stack([e["image"] for e in examples]),
+            "images": default_collate([e["image"] for e in examples]),  # in a worker, straight into shared memory
             "image_index": torch.tensor(image_index),
             "input_ids": input_ids,
             "attention_mask": mask,
