@@ -12,7 +12,7 @@ training time so far. The script collects those into curves of quality against m
 Tasks: ``caption`` (default captioner; CIDEr, BLEU-4 and, on shapes, caption correctness),
 ``pretrain`` (``experiment=pretrain_shapes``; alignment accuracy, R@1 both ways), ``vqa``
 (``experiment=vqa_shapes`` from scratch) and ``vqa_from_pretrain`` (the same, ``init_from=`` the
-``pretrain`` run of the same seed and variant, at ``task.lr=5e-4``: a variant's overrides apply to
+``pretrain`` run of the same seed and variant, at ``task.lr=5e-4 data.batch_size=64``: a variant's overrides apply to
 the whole chain, so an architecture change is pretrained and fine-tuned alike). Runs already
 finished in ``OUT/runs`` are reused, so an interrupted sweep continues where it stopped; every
 variant ever run stays in the output.
@@ -45,7 +45,7 @@ TASKS = {  # task -> (mmtx-train arguments, metrics to report, the metric that i
                  "itm_accuracy"),
     "vqa": (["experiment=vqa_shapes"], ["accuracy", "yes/no", "number", "other"], "accuracy"),
     # fine-tuning at half the scratch rate, as conf/experiment/vqa_shapes.yaml advises (README)
-    "vqa_from_pretrain": (["experiment=vqa_shapes", "task.lr=5e-4"], ["accuracy", "yes/no", "number", "other"],
+    "vqa_from_pretrain": (["experiment=vqa_shapes", "task.lr=5e-4", "data.batch_size=64"], ["accuracy", "yes/no", "number", "other"],
                           "accuracy"),
 }
 

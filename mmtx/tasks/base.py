@@ -11,6 +11,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.strategies import FSDPStrategy
 
 from mmtx.checkpoint import DATA_KEY, TASK_KEY
 from mmtx.generation import GenerationConfig
@@ -81,18 +82,20 @@ class Task(L.LightningModule):
         self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        """Lightning's clipping, but also for the fused optimizer under bf16 autocast: Lightning
-        refuses to clip for any fused optimizer, in case a gradient scaler (fp16) has not yet
-        unscaled the gradients (Lightning issue #21435); bf16 has no scaler, so the gradients are
-        clipped here as Lightning would clip them. (FSDP clips through its own plugin.)"""
+        """Lightning's clipping, with the two cases it refuses done here. FSDP: the norm must be
+        taken over every process's shards, which only the FSDP module's own ``clip_grad_norm_``
+        does (Lightning issue #19235). A fused optimizer under bf16 autocast: Lightning refuses
+        any fused optimizer in case fp16's gradient scaler has not unscaled the gradients
+        (#21435); bf16 has no scaler, so they are clipped as Lightning would clip them."""
+        by_norm = (gradient_clip_algorithm or "norm") == "norm"
         plugin = self.trainer.precision_plugin
-        if gradient_clip_val and optimizer.defaults.get("fused") and isinstance(plugin, MixedPrecision) and plugin.scaler is None:
-            if (gradient_clip_algorithm or "norm") == "norm":
-                torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)
-            else:
-                torch.nn.utils.clip_grad_value_(self.parameters(), gradient_clip_val)
-            return
-        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        if gradient_clip_val and by_norm and isinstance(self.trainer.strategy, FSDPStrategy):
+            self.trainer.model.clip_grad_norm_(gradient_clip_val)
+        elif gradient_clip_val and optimizer.defaults.get("fused") and isinstance(plugin, MixedPrecision) and plugin.scaler is None:
+            clip = torch.nn.utils.clip_grad_norm_ if by_norm else torch.nn.utils.clip_grad_value_
+            clip(self.parameters(), gradient_clip_val)
+        else:
+            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         """Log the step's learning rate as ``train/lr``. (Lightning's ``LearningRateMonitor``
