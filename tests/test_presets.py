@@ -127,3 +127,22 @@ def test_the_run_seed_reaches_the_data_module(data: str) -> None:
 def test_the_data_module_is_built_with_the_run_seed(tmp_path: Path) -> None:
     cfg = compose_train(["seed=5", f"paths.data_dir={tmp_path}"])
     assert instantiate(cfg.data).seed == 5
+
+
+@pytest.mark.parametrize(
+    ("preset", "data", "expected"),
+    [
+        ("experiment=vqa_shapes", "data=vqa", {"image_size": 64, "batch_size": 128, "shift_px": 4}),
+        ("experiment=caption_shapes", "data=coco", {"image_size": 64, "batch_size": 32, "shift_px": 0}),
+    ],
+)
+def test_shapes_presets_carry_their_data_settings_to_a_users_files(preset: str, data: str, expected: dict) -> None:
+    """The recipe measured on shapes scenes (image size, batch, shifts) comes with the preset when
+    its data source is swapped for the user's files in the official format, as README's "Your own
+    data" shows; without the preset the format's own defaults (224 px for natural images) apply."""
+    cfg = compose_train([preset, data])
+    assert {key: cfg.data[key] for key in expected} == expected
+    assert cfg.data._target_ == compose_train([data]).data._target_
+    assert compose_train([data]).data.image_size == 224
+    if preset == "experiment=vqa_shapes":
+        assert cfg.task.lr == 2e-3
