@@ -680,6 +680,17 @@ def test_kind_probe_reads_a_kind_that_is_in_the_features_and_not_one_that_is_not
     assert unseen < 0.8
 
 
+def test_kind_probe_script_trains_a_fresh_vision_stream_on_the_kinds_as_a_reference(capsys) -> None:
+    probe = _probe_script()
+    assert probe.main(["--fresh", "1", "--train", "24", "--val", "12", "--image-size", "32"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    shares = result["fresh encoder, 1 s on the kinds"]
+    assert len(shares) == 3 and all(0.0 <= s <= 1.0 for s in shares)
+    with pytest.raises(SystemExit):  # nothing to probe
+        probe.main(["--train", "24"])
+    assert "give checkpoints to probe, --fresh SECONDS, or both" in capsys.readouterr().err
+
+
 def test_kind_probe_script_scores_a_captioner_checkpoint(trained: Run, capsys) -> None:
     probe = _probe_script()
     assert probe.main([str(trained.last), "--train", "24", "--val", "12", "--image-size", "32"]) == 0
