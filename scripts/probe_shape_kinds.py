@@ -33,9 +33,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mmtx.checkpoint import load_task
-from mmtx.hardware import cpu_has_native_bf16
 from mmtx.data.synthetic.shapes import KINDS, draw_scene
 from mmtx.data.transforms import build_transforms
+from mmtx.hardware import cpu_has_native_bf16
 
 
 def scenes(split: str, count: int, image_size: int) -> tuple[Tensor, Tensor]:
