@@ -231,8 +231,8 @@ def test_classifier_poolings_score_every_answer_and_learn(pooling: str) -> None:
 
 
 def test_questions_about_one_image_share_its_encoding() -> None:
-    """``image_index`` encodes each named image once: the same logits and gradients as encoding
-    every row, and the rows it does not name are not read."""
+    """``image_index`` points each question to its image's row: each image encoded once gives the
+    same logits and gradients as encoding each question's own copy."""
     from mmtx.models import TextEncoder, VisionEncoder
     from mmtx.models.two_stream import TwoStreamModel
     from mmtx.models.vqa import VqaClassifier
@@ -246,10 +246,7 @@ def test_questions_about_one_image_share_its_encoding() -> None:
     two = torch.randn(2, 3, 32, 32)
     images = two[[0, 0, 1, 0, 1]]
     ids, mask = torch.randint(1, 30, (5, 8)), torch.ones(5, 8, dtype=torch.bool)
-    index = torch.tensor([0, 0, 2, 0, 2])
-    shared_input = images.clone()
-    shared_input[[1, 3, 4]] = float("nan")  # never read
-    shared = model(shared_input, ids, mask, image_index=index)
+    shared = model(two, ids, mask, image_index=torch.tensor([0, 0, 1, 0, 1]))
     shared.sum().backward()
     shared_grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
     model.zero_grad()
@@ -261,7 +258,7 @@ def test_questions_about_one_image_share_its_encoding() -> None:
         torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-5)  # both None where unused
 
 
-def test_collator_points_each_question_to_the_first_row_with_its_image() -> None:
+def test_collator_stacks_each_image_once_and_points_each_question_to_it() -> None:
     from mmtx.data.tokenizer import Tokenizer
     from mmtx.data.vqa.datamodule import VqaCollator
 
@@ -270,11 +267,12 @@ def test_collator_points_each_question_to_the_first_row_with_its_image() -> None
     examples = [
         {"image": img, "image_id": iid, "question": "is there a circle", "answers": ["yes"], "answer_type": "yes/no",
          "question_id": n}
-        for n, (iid, img) in enumerate([(7, a), (9, b), (7, a), (7, b), (9, b)])
-    ]  # the 4th: image 7 cropped otherwise (other pixels): encoded on its own
+        for n, (iid, img) in enumerate([(7, a), (9, b), (7, a), (7, b), (9, b), (7, b)])
+    ]  # the 4th and 6th: image 7 cropped otherwise (other pixels): a row of its own, shared by both
     batch = VqaCollator(tok, max_length=8)(examples)
-    assert batch["image_index"].tolist() == [0, 1, 0, 3, 1]
-    assert batch["images"].shape == (5, 3, 8, 8)
+    assert batch["image_index"].tolist() == [0, 1, 0, 2, 1, 2]
+    assert torch.equal(batch["images"], torch.stack([a, b, b]))
+    assert batch["input_ids"].shape[0] == 6
 
 
 def test_softmax_loss_is_cross_entropy_against_the_normalised_scores() -> None:

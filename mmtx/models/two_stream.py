@@ -109,12 +109,8 @@ class TwoStreamModel(nn.Module):
         image_index: Tensor | None = None,
     ) -> Unimodal:
         """Run each stream's own blocks. ``image_index`` (B,), if given, says which row of
-        ``images`` holds each text's image (rows it does not name are not encoded): texts about
-        the same image share one pass of the vision stream."""
-        if image_index is not None:
-            rows, image_index = torch.unique(image_index, return_inverse=True)
-            images = images[rows]
-            masked_patches = None if masked_patches is None else masked_patches[rows]
+        ``images`` (U, 3, H, W) holds each text's image: texts about the same image share one pass
+        of the vision stream (without it, text i is about image i)."""
         v, v_rope = self.encode_vision(images, masked_patches)
         if image_index is not None:
             v = v[image_index]

@@ -62,8 +62,8 @@ class VqaClassifier(nn.Module):
     def forward(
         self, images: Tensor, input_ids: Tensor, text_mask: Tensor, image_index: Tensor | None = None
     ) -> Tensor:
-        """Answer logits (B, num_answers); ``image_index`` (B,): the row of ``images`` holding
-        each question's image (each such row is encoded once; default: row i)."""
+        """Answer logits (B, num_answers); ``image_index`` (B,): the row of ``images`` (U, 3, H, W)
+        holding each question's image, each row encoded once (default: row i)."""
         joint = self.backbone(images, input_ids, text_mask, image_index)
         if self.pooling in ("tokens", "max"):
             text = mean_of_tokens(joint.text, text_mask)  # question tokens only
@@ -105,17 +105,21 @@ class VqaGenerator(nn.Module):
         self.text_proj = nn.Linear(backbone.text.dim, backbone.vision.dim)
         init_weights(self.text_proj)
 
-    def context(self, images: Tensor, input_ids: Tensor, text_mask: Tensor) -> tuple[Tensor, Tensor]:
-        """Joint tokens (B, 1 + N + T, Dv) and their mask (question padding excluded)."""
-        joint = self.backbone(images, input_ids, text_mask)
+    def context(
+        self, images: Tensor, input_ids: Tensor, text_mask: Tensor, image_index: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Joint tokens (B, 1 + N + T, Dv) and their mask (question padding excluded);
+        ``image_index``: see `VqaClassifier.forward`."""
+        joint = self.backbone(images, input_ids, text_mask, image_index)
         context = torch.cat([joint.vision, self.text_proj(joint.text)], dim=1)
         vision_mask = text_mask.new_ones(joint.vision.shape[:2])
         return context, torch.cat([vision_mask, text_mask], dim=1)
 
     def loss(
-        self, images: Tensor, input_ids: Tensor, text_mask: Tensor, answer_ids: Tensor, pad_id: int
+        self, images: Tensor, input_ids: Tensor, text_mask: Tensor, answer_ids: Tensor, pad_id: int,
+        image_index: Tensor | None = None,
     ) -> Tensor:
         """Teacher-forced cross-entropy of the answer ``[BOS] a1 .. an [EOS]`` (pads ignored)."""
-        context, mask = self.context(images, input_ids, text_mask)
+        context, mask = self.context(images, input_ids, text_mask, image_index)
         logits = self.decoder(answer_ids[:, :-1], context, context_mask=mask)
         return F.cross_entropy(logits.flatten(0, 1).float(), answer_ids[:, 1:].flatten(), ignore_index=pad_id)

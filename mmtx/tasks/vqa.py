@@ -70,8 +70,7 @@ class AnswerTask(Task):
     # --- training ------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         loss = self.loss(batch)
-        B = batch["images"].shape[0]
-        self.log("train/loss", loss, prog_bar=True, batch_size=B)
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["input_ids"]))
         return loss
 
 
@@ -80,9 +79,8 @@ class AnswerTask(Task):
         self.val_outputs = []
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        B = batch["images"].shape[0]
         if all(batch["answers"]):
-            self.log("val/loss", self.loss(batch), prog_bar=True, batch_size=B, sync_dist=True)
+            self.log("val/loss", self.loss(batch), prog_bar=True, batch_size=len(batch["input_ids"]), sync_dist=True)
         predicted = self.answer(
             batch["images"], batch["input_ids"], batch["attention_mask"], k=1, image_index=batch.get("image_index")
         )
@@ -198,16 +196,15 @@ class GenerativeVqaTask(AnswerTask):
         answer_ids, _ = self.tokenizer.encode_batch(best, self.model.decoder.max_length)
         return self.model.loss(
             batch["images"], batch["input_ids"], batch["attention_mask"], answer_ids.to(self.device),
-            self.tokenizer.pad_id,
+            self.tokenizer.pad_id, batch.get("image_index"),
         )
 
     @torch.no_grad()
     def answer(self, images: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor, k: int = 1,
                image_index: torch.Tensor | None = None) -> list[list[tuple[str, float]]]:
-        """The generated answer per question with its probability under the model (each
-        question's image encoded on its own: ``image_index`` is not used)."""
+        """The generated answer per question with its probability under the model."""
         tok = self.tokenizer
-        context, context_mask = self.model.context(images, input_ids, mask)
+        context, context_mask = self.model.context(images, input_ids, mask, image_index)
         ids = generate(self.model.decoder, context, context_mask=context_mask, bos_id=tok.bos_id,
                        eos_id=tok.eos_id, pad_id=tok.pad_id, config=self.generation)
         seq = torch.cat([torch.full_like(ids[:, :1], tok.bos_id), ids], dim=1)

@@ -44,9 +44,10 @@ class VqaDataset(ImageTextDataset):
 class VqaCollator:
     """Stacks images and tokenizes questions; answers stay strings (the task maps them to targets).
 
-    ``image_index`` (B,) gives, for each question, the first row of the batch holding the same
-    image (same id, same pixels), so the model encodes each image once however many of its
-    questions the batch holds.
+    ``images`` (U, 3, H, W) holds each distinct image of the batch once (same id and same pixels;
+    an image cropped otherwise for another question is a row of its own) and ``image_index``
+    (B,) the row of each question's image, so an image with several questions in the batch is
+    passed to the device and encoded once, with no search for duplicates there.
     """
 
     def __init__(self, tokenizer: Tokenizer, max_length: int) -> None:
@@ -54,13 +55,18 @@ class VqaCollator:
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         input_ids, mask = self.tokenizer.encode_batch([e["question"] for e in examples], self.max_length)
-        first: dict[int, int] = {}
+        images: list[torch.Tensor] = []
+        rows: dict[Any, list[int]] = {}  # image id -> its rows in `images`
         image_index = []
-        for i, e in enumerate(examples):
-            j = first.setdefault(e["image_id"], i)
-            image_index.append(j if torch.equal(e["image"], examples[j]["image"]) else i)  # e.g. other crops
+        for e in examples:
+            same = rows.setdefault(e["image_id"], [])
+            row = next((r for r in same if torch.equal(images[r], e["image"])), len(images))
+            if row == len(images):
+                same.append(row)
+                images.append(e["image"])
+            image_index.append(row)
         return {
-            "images": default_collate([e["image"] for e in examples]),  # in a worker, straight into shared memory
+            "images": default_collate(images),  # in a worker, straight into shared memory
             "image_index": torch.tensor(image_index),
             "input_ids": input_ids,
             "attention_mask": mask,
