@@ -40,6 +40,8 @@ def attention_weights(modules: list[Attention], run: Callable[[], Any]) -> Tenso
         x, context = args[0], args[1] if len(args) > 1 else kwargs["context"]
         q = module._heads(module.q(x), 1)[0]  # (B, H, T, Dh)
         k = module._heads(module.kv(context), 2)[0]  # (B, H, S, Dh)
+        if kwargs.get("context_index") is not None:  # fewer context rows than query rows
+            k = k[kwargs["context_index"]]
         scores = (q.float() @ k.float().transpose(-1, -2)) * module.head_dim**-0.5
         mask = kwargs.get("key_padding_mask")
         if mask is not None:

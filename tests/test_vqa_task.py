@@ -230,27 +230,40 @@ def test_classifier_poolings_score_every_answer_and_learn(pooling: str) -> None:
     assert losses[-1] < 0.5 * losses[0]
 
 
-def test_questions_about_one_image_share_its_encoding() -> None:
-    """``image_index`` points each question to its image's row: each image encoded once gives the
-    same logits and gradients as encoding each question's own copy."""
+@pytest.mark.parametrize("head", ["classifier", "generator"])
+@pytest.mark.parametrize("vision_reads_text", [False, True])
+def test_questions_about_one_image_share_its_encoding(vision_reads_text: bool, head: str) -> None:
+    """``image_index`` points each question to its image's row: each image encoded once (and, in
+    one-way co-attention, its keys and values projected once) gives the same outputs and gradients
+    as encoding each question's own copy."""
     from mmtx.models import TextEncoder, VisionEncoder
+    from mmtx.models.decoder import CaptionDecoder
     from mmtx.models.two_stream import TwoStreamModel
-    from mmtx.models.vqa import VqaClassifier
+    from mmtx.models.vqa import VqaClassifier, VqaGenerator
 
     torch.manual_seed(0)
     backbone = TwoStreamModel(
         VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, stem="conv"),
         TextEncoder(vocab_size=30, dim=32, depth=1, num_heads=2, max_length=8), co_layers=1, joint_dim=24,
+        vision_reads_text=vision_reads_text,
     )
-    model = VqaClassifier(backbone, num_answers=7, pooling="max").eval()  # BatchNorm: running statistics
+    if head == "classifier":
+        model = VqaClassifier(backbone, num_answers=7, pooling="max").eval()  # BatchNorm: running statistics
+        run = lambda images, index=None: model(images, ids, mask, index)  # noqa: E731
+    else:
+        decoder = CaptionDecoder(vocab_size=30, context_dim=32, dim=32, depth=1, num_heads=2, max_length=8)
+        model = VqaGenerator(backbone, decoder).eval()
+        answers = torch.randint(1, 30, (5, 4))
+        run = lambda images, index=None: model.loss(images, ids, mask, answers, 0, index)  # noqa: E731
     two = torch.randn(2, 3, 32, 32)
     images = two[[0, 0, 1, 0, 1]]
     ids, mask = torch.randint(1, 30, (5, 8)), torch.ones(5, 8, dtype=torch.bool)
-    shared = model(two, ids, mask, image_index=torch.tensor([0, 0, 1, 0, 1]))
+    mask[3, 5:] = False
+    shared = run(two, torch.tensor([0, 0, 1, 0, 1]))
     shared.sum().backward()
     shared_grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    each = model(images, ids, mask)
+    each = run(images)
     each.sum().backward()
     torch.testing.assert_close(shared, each, rtol=1e-5, atol=1e-5)
     assert sum(g is not None for g in shared_grads) > 20

@@ -28,9 +28,12 @@ class Unimodal:
     text_mask: Tensor  # (B, T), True on real tokens
     vision_rope: tuple[Tensor, Tensor] | None = None
     text_rope: tuple[Tensor, Tensor] | None = None
+    image_index: Tensor | None = None  # (B,): the row of ``vision`` (U, 1 + N, Dv) each text is about
 
     def select_text(self, index: Tensor) -> Unimodal:
         """Pair each image with the text of row ``index[i]`` (texts do not depend on images yet)."""
+        if self.image_index is not None:
+            raise ValueError("select_text pairs texts with images row by row: give each text its image (no image_index)")
         return Unimodal(self.vision, self.text[index], self.text_mask[index], self.vision_rope, self.text_rope)
 
 
@@ -38,11 +41,16 @@ class Unimodal:
 class Joint:
     """Both streams after co-attention and the final norms, and their pooled product."""
 
-    vision: Tensor  # (B, 1 + N, Dv)
+    vision: Tensor  # (B, 1 + N, Dv), or (U, 1 + N, Dv) with an image_index
     text: Tensor  # (B, T, Dt)
     pooled: Tensor  # (B, joint_dim): pool(h_IMG) * pool(h_CLS)
     image_pooled: Tensor  # (B, joint_dim): pool(h_IMG)
     text_pooled: Tensor  # (B, joint_dim): pool(h_CLS)
+    image_index: Tensor | None = None  # (B,): the row of ``vision`` each text is about
+
+    def per_text(self, image_tokens: Tensor) -> Tensor:
+        """``image_tokens`` (or anything computed per row of ``vision``) for each text: (B, ...)."""
+        return image_tokens if self.image_index is None else image_tokens[self.image_index]
 
 
 class TwoStreamModel(nn.Module):
@@ -67,7 +75,7 @@ class TwoStreamModel(nn.Module):
         super().__init__()
         if co_layers < 0:
             raise ValueError(f"co_layers={co_layers} must be >= 0")
-        self.vision, self.text = vision, text
+        self.vision, self.text, self.vision_reads_text = vision, text, vision_reads_text
         self.co_layers = nn.ModuleList(
             CoAttentionLayer(
                 vision.dim, text.dim, vision.num_heads, text.num_heads, mlp_ratio, dropout=dropout,
@@ -112,19 +120,22 @@ class TwoStreamModel(nn.Module):
         ``images`` (U, 3, H, W) holds each text's image: texts about the same image share one pass
         of the vision stream (without it, text i is about image i)."""
         v, v_rope = self.encode_vision(images, masked_patches)
-        if image_index is not None:
-            v = v[image_index]
         t, t_rope = self.encode_text(input_ids, text_mask)
-        return Unimodal(v, t, text_mask, v_rope, t_rope)
+        return Unimodal(v, t, text_mask, v_rope, t_rope, image_index)
 
     def fuse(self, u: Unimodal) -> Joint:
-        """Exchange information through the co-attention layers; pool h_IMG and h_CLS."""
-        v, t = u.vision, u.text
+        """Exchange information through the co-attention layers; pool h_IMG and h_CLS. Image
+        tokens that do not read the text stay one row per image (`Unimodal.image_index`)."""
+        v, t, index = u.vision, u.text, u.image_index
+        if index is not None and self.vision_reads_text and self.co_layers:
+            v, index = v[index], None  # the image tokens will depend on the text: one copy per text
         for layer in self.co_layers:
-            v, t = layer(v, t, u.text_mask, u.vision_rope, u.text_rope)
+            v, t = layer(v, t, u.text_mask, u.vision_rope, u.text_rope, image_index=index)
         v, t = self.vision.norm(v), self.text.norm(t)
         image_pooled, text_pooled = self.vision_pool(v[:, 0]), self.text_pool(t[:, 0])
-        return Joint(v, t, image_pooled * text_pooled, image_pooled, text_pooled)
+        if index is not None:
+            image_pooled = image_pooled[index]
+        return Joint(v, t, image_pooled * text_pooled, image_pooled, text_pooled, index)
 
     def forward(
         self, images: Tensor, input_ids: Tensor, text_mask: Tensor, image_index: Tensor | None = None

@@ -68,7 +68,7 @@ class VqaClassifier(nn.Module):
         if self.pooling in ("tokens", "max"):
             text = mean_of_tokens(joint.text, text_mask)  # question tokens only
             vision = joint.vision.mean(1) if self.pooling == "tokens" else joint.vision.amax(1)
-            return self.head(torch.cat([vision, text], dim=-1))
+            return self.head(torch.cat([joint.per_text(vision), text], dim=-1))
         if self.pooling == "concat":
             return self.head(torch.cat([joint.image_pooled, joint.text_pooled], dim=-1))
         return self.head(joint.pooled)
@@ -111,8 +111,9 @@ class VqaGenerator(nn.Module):
         """Joint tokens (B, 1 + N + T, Dv) and their mask (question padding excluded);
         ``image_index``: see `VqaClassifier.forward`."""
         joint = self.backbone(images, input_ids, text_mask, image_index)
-        context = torch.cat([joint.vision, self.text_proj(joint.text)], dim=1)
-        vision_mask = text_mask.new_ones(joint.vision.shape[:2])
+        vision = joint.per_text(joint.vision)
+        context = torch.cat([vision, self.text_proj(joint.text)], dim=1)
+        vision_mask = text_mask.new_ones(vision.shape[:2])
         return context, torch.cat([vision_mask, text_mask], dim=1)
 
     def loss(

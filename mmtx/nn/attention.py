@@ -196,11 +196,15 @@ class Attention(nn.Module):
         causal: bool = False,
         rope: tuple[Tensor, Tensor] | None = None,
         cache: KVCache | None = None,
+        context_index: Tensor | None = None,
     ) -> Tensor:
         """Attend from ``x`` (B, T, dim) to itself or to ``context`` (B, S, context_dim).
 
         ``key_padding_mask`` (B, S) is True on real keys. ``rope`` is (cos, sin) for the query
         positions (self-attention only). With a ``cache``, ``x`` holds only the new positions.
+        ``context_index`` (B,): row i of ``x`` reads row ``context_index[i]`` of a ``context`` of
+        fewer rows (the questions of a batch reading their images), whose keys and values are
+        then projected once per context row.
         """
         B, T, C = x.shape
         if self.is_cross:
@@ -217,6 +221,8 @@ class Attention(nn.Module):
                 cache.store(k, v)
             else:
                 k, v = self._heads(self.kv(context), 2)
+                if context_index is not None:
+                    k, v = k[context_index], v[context_index]
             groups = B // k.shape[0]
             if groups > 1:  # rows b*g .. b*g+g-1 share context row b: one query sequence per context
                 return self._grouped_cross(x, k, v, groups, key_padding_mask)

@@ -106,11 +106,13 @@ class TransformerBlock(nn.Module):
         *,
         mask: Tensor | None = None,
         context_mask: Tensor | None = None,
+        context_index: Tensor | None = None,
         causal: bool = False,
         rope: tuple[Tensor, Tensor] | None = None,
         cache: BlockCache | None = None,
     ) -> Tensor:
-        """``x`` (B, T, dim); ``mask`` (B, T) and ``context_mask`` (B, S) are True on real tokens."""
+        """``x`` (B, T, dim); ``mask`` (B, T) and ``context_mask`` (B, S) are True on real tokens;
+        ``context_index``: see `Attention.forward`."""
         if self.attn is not None:
             self_kv = cache.self_kv if cache is not None else None
             x = self._residual(x, self.norm1, lambda h: self.attn(
@@ -119,7 +121,7 @@ class TransformerBlock(nn.Module):
         if self.cross_attn is not None:
             cross_kv = cache.cross_kv if cache is not None else None
             x = self._residual(x, self.norm_cross, lambda h: self.cross_attn(
-                h, context, key_padding_mask=context_mask, cache=cross_kv
+                h, context, key_padding_mask=context_mask, cache=cross_kv, context_index=context_index
             ))
         return self._residual(x, self.norm2, self.mlp)
 
@@ -170,9 +172,14 @@ class CoAttentionLayer(nn.Module):
         text_mask: Tensor | None = None,
         vision_rope: tuple[Tensor, Tensor] | None = None,
         text_rope: tuple[Tensor, Tensor] | None = None,
+        image_index: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """``vision`` (B, N, Dv), ``text`` (B, T, Dt), ``text_mask`` (B, T) True on real tokens."""
-        t = self.text_self(self.text_cross(text, vision), mask=text_mask, rope=text_rope)
+        """``vision`` (B, N, Dv), ``text`` (B, T, Dt), ``text_mask`` (B, T) True on real tokens.
+        Without ``vision_reads_text``, ``vision`` may hold fewer rows (U, N, Dv), text ``i`` reading
+        row ``image_index[i]`` (B,): each image's keys and values projected once."""
+        if image_index is not None and self.vision_cross is not None:
+            raise ValueError("image_index: the image tokens read the text (vision_reads_text), so each text needs its own")
+        t = self.text_self(self.text_cross(text, vision, context_index=image_index), mask=text_mask, rope=text_rope)
         if self.vision_cross is None:
             return vision, t
         v = self.vision_cross(vision, text, context_mask=text_mask)
