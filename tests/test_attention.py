@@ -194,3 +194,22 @@ def test_reorder_moves_history_into_a_reused_buffer():
     n = growing.length
     torch.testing.assert_close(bounded.k[:, :, :n], growing.k, rtol=0, atol=0)
     torch.testing.assert_close(bounded.v[:, :, :n], growing.v, rtol=0, atol=0)
+
+
+def test_context_index_reads_each_rows_context_projected_once() -> None:
+    """Cross-attention with ``context_index``: row i of x reads context row index[i], the same as
+    attending to a copy of that row; refused with a cache and in self-attention."""
+    torch.manual_seed(0)
+    attn = Attention(16, 2, context_dim=12).eval()
+    x, context = torch.randn(5, 3, 16), torch.randn(2, 7, 12)
+    index = torch.tensor([1, 0, 1, 1, 0])
+    key_mask = torch.ones(5, 7, dtype=torch.bool)
+    key_mask[2, 4:] = False
+    torch.testing.assert_close(
+        attn(x, context, key_padding_mask=key_mask, context_index=index),
+        attn(x, context[index], key_padding_mask=key_mask),
+    )
+    with pytest.raises(ValueError, match="context_index is for cross-attention without a cache"):
+        attn(x, context, context_index=index, cache=KVCache(static=True))
+    with pytest.raises(ValueError, match="context_index is for cross-attention without a cache"):
+        Attention(16, 2)(x, context_index=index)

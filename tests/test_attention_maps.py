@@ -86,3 +86,18 @@ def test_a_question_attends_over_the_image_patches() -> None:
     torch.testing.assert_close(maps.sum((-1, -2)), torch.ones(2))
     shorter = question_maps(model, images[1:], ids[1:, :5], mask[1:, :5])
     torch.testing.assert_close(shorter[0], maps[1], rtol=1e-4, atol=1e-6)
+
+
+def test_recorded_weights_follow_context_index() -> None:
+    """Weights recorded from a cross-attention reading fewer context rows (``context_index``) are
+    those of the same attention reading a copy of each row's context."""
+    from mmtx.attention_maps import attention_weights
+    from mmtx.nn import Attention
+
+    torch.manual_seed(0)
+    attn = Attention(16, 2, context_dim=12).eval()
+    x, context, index = torch.randn(3, 4, 16), torch.randn(2, 5, 12), torch.tensor([1, 1, 0])
+    shared = attention_weights([attn], lambda: attn(x, context, context_index=index))
+    copied = attention_weights([attn], lambda: attn(x, context[index]))
+    assert shared.shape == (3, 1, 2, 4, 5)
+    torch.testing.assert_close(shared, copied)

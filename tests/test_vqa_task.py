@@ -230,7 +230,7 @@ def test_classifier_poolings_score_every_answer_and_learn(pooling: str) -> None:
     assert losses[-1] < 0.5 * losses[0]
 
 
-@pytest.mark.parametrize("head", ["classifier", "generator"])
+@pytest.mark.parametrize("head", ["classifier", "classifier-concat", "generator"])
 @pytest.mark.parametrize("vision_reads_text", [False, True])
 def test_questions_about_one_image_share_its_encoding(vision_reads_text: bool, head: str) -> None:
     """``image_index`` points each question to its image's row: each image encoded once (and, in
@@ -247,8 +247,9 @@ def test_questions_about_one_image_share_its_encoding(vision_reads_text: bool, h
         TextEncoder(vocab_size=30, dim=32, depth=1, num_heads=2, max_length=8), co_layers=1, joint_dim=24,
         vision_reads_text=vision_reads_text,
     )
-    if head == "classifier":
-        model = VqaClassifier(backbone, num_answers=7, pooling="max").eval()  # BatchNorm: running statistics
+    if head.startswith("classifier"):  # max: the image tokens' maximum; concat: pooled h_IMG
+        pooling = "concat" if head.endswith("concat") else "max"
+        model = VqaClassifier(backbone, num_answers=7, pooling=pooling).eval()  # BatchNorm: running statistics
         run = lambda images, index=None: model(images, ids, mask, index)  # noqa: E731
     else:
         decoder = CaptionDecoder(vocab_size=30, context_dim=32, dim=32, depth=1, num_heads=2, max_length=8)

@@ -23,7 +23,7 @@ from mmtx.nn.init import init_weights
 class Unimodal:
     """Each stream after its own blocks, before any co-attention."""
 
-    vision: Tensor  # (B, 1 + N, Dv)
+    vision: Tensor  # (B, 1 + N, Dv), or (U, 1 + N, Dv) with an image_index
     text: Tensor  # (B, T, Dt)
     text_mask: Tensor  # (B, T), True on real tokens
     vision_rope: tuple[Tensor, Tensor] | None = None
@@ -118,7 +118,8 @@ class TwoStreamModel(nn.Module):
     ) -> Unimodal:
         """Run each stream's own blocks. ``image_index`` (B,), if given, says which row of
         ``images`` (U, 3, H, W) holds each text's image: texts about the same image share one pass
-        of the vision stream (without it, text i is about image i)."""
+        of the vision stream (without it, text i is about image i). ``masked_patches`` (U, N): one
+        row per image."""
         v, v_rope = self.encode_vision(images, masked_patches)
         t, t_rope = self.encode_text(input_ids, text_mask)
         return Unimodal(v, t, text_mask, v_rope, t_rope, image_index)
@@ -140,6 +141,6 @@ class TwoStreamModel(nn.Module):
     def forward(
         self, images: Tensor, input_ids: Tensor, text_mask: Tensor, image_index: Tensor | None = None
     ) -> Joint:
-        """``images`` (B, 3, H, W), ``input_ids``/``text_mask`` (B, T) -> :class:`Joint`
-        (``image_index``: see :meth:`unimodal`)."""
+        """``images`` (B, 3, H, W), or (U, 3, H, W) with an ``image_index`` (see :meth:`unimodal`),
+        ``input_ids``/``text_mask`` (B, T) -> :class:`Joint`."""
         return self.fuse(self.unimodal(images, input_ids, text_mask, image_index=image_index))

@@ -204,9 +204,12 @@ class Attention(nn.Module):
         positions (self-attention only). With a ``cache``, ``x`` holds only the new positions.
         ``context_index`` (B,): row i of ``x`` reads row ``context_index[i]`` of a ``context`` of
         fewer rows (the questions of a batch reading their images), whose keys and values are
-        then projected once per context row.
+        then projected once per context row (``key_padding_mask`` stays one row per row of ``x``;
+        not with a ``cache``, whose rows ``b*g .. b*g+g-1`` share context row ``b`` instead).
         """
         B, T, C = x.shape
+        if context_index is not None and (cache is not None or not self.is_cross):
+            raise ValueError("context_index is for cross-attention without a cache")
         if self.is_cross:
             if context is None and (cache is None or not cache.ready):
                 raise ValueError("cross-attention needs a context (or a filled cache)")
