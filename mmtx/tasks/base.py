@@ -101,7 +101,7 @@ class Task(L.LightningModule):
         """Log the step's learning rate as ``train/lr``. (Lightning's ``LearningRateMonitor``
         refuses to run without a logger, as with ``logger=none``, and names one key per
         parameter group.)"""
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=len(batch["input_ids"]))
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=len(batch["images"]))
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[TASK_KEY] = f"{type(self).__module__}.{type(self).__qualname__}"
