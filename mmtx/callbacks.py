@@ -45,6 +45,12 @@ class LogCaptionSamples(L.Callback):
             logger.log_table(key="val/samples", columns=columns, data=rows, step=trainer.global_step)
 
 
+def images_in_batch(batch: dict[str, Any]) -> int:
+    """The images a training batch holds: the ``batch_size_fn`` of Lightning's ``ThroughputMonitor``,
+    which logs ``train/samples_per_sec`` (README "GPU" shows the overrides that add it)."""
+    return len(batch["images"])
+
+
 class TrainingTime(L.Callback):
     """Log ``val/minutes``, the training time so far, with every validation: quality against
     time, the figure that matters when runs are given a time budget (``trainer.max_time``).

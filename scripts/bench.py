@@ -38,6 +38,9 @@ How the figures are measured
   practical ceiling; ``mfu_fp32/_bf16`` = ``train_gflops / train_step_s / peak`` (``ref_mfu_*``
   from the reference's counted FLOPs). ``torch_threads`` is left at PyTorch's default. On CUDA the bf16
   MFU is also given against the datasheet peak (``--peak-tflops``, or looked up for H100/H200).
+* ``*_host_syncs`` (CUDA): how often one generation call (greedy, beam) makes the host wait for
+  the GPU, counted by ``torch.cuda.set_sync_debug_mode("warn")``; a loop that checked on the
+  device every step would count at least ``--new-tokens``.
 * ``peak_rss_mb``: the worker process's peak resident memory (``ru_maxrss``) after all timed
   runs; on CUDA also ``peak_gpu_mem_mb``.
 * ``ref_*``: the same for the reference; ``speedup_*`` = reference time / mmtx time (> 1 means
@@ -105,6 +108,7 @@ class BenchConfig:
     beams: int = 4
     device: str = "cpu"
     compile: bool = False
+    precisions: tuple[str, ...] = ("fp32", "bf16")
     seed: int = 0
 
     @property
@@ -410,6 +414,23 @@ class ModelBench:
         return seconds
 
     @torch.no_grad()
+    def host_syncs(self, beams: int, precision: str) -> int:
+        """How many times one generation call makes the host wait for the GPU (CUDA only):
+        PyTorch's sync debug mode warns at every synchronising operation."""
+        import warnings
+
+        self.model.eval()
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught, self._autocast(precision):
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                self.adapter.generate(self.gen_images, self.cfg.new_tokens, beams)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return sum("synchronizing" in str(w.message) for w in caught)
+
+    @torch.no_grad()
     def encode(self, precision: str) -> float:
         """Seconds to encode the generation batch's images (the part of generation both models
         spend identically, whatever their decoding loops do)."""
@@ -529,7 +550,12 @@ def datasheet_peak_tflops(device: str) -> float | None:
     return next((tflops for key, tflops in DATASHEET_BF16_TFLOPS if key in name), None)
 
 
-PRECISIONS = (("fp32", ""), ("bf16", "_bf16"))  # (precision, suffix of its JSON fields)
+SUFFIXES = {"fp32": "", "bf16": "_bf16"}  # precision -> suffix of its JSON fields
+
+
+def precisions(cfg: BenchConfig) -> list[tuple[str, str]]:
+    """(precision, suffix) of every precision measured."""
+    return [(p, SUFFIXES[p]) for p in cfg.precisions]
 
 
 def prefix(kind: str) -> str:
@@ -541,7 +567,7 @@ def measure_speed(workers: list[Worker], cfg: BenchConfig) -> dict[str, float]:
     """Training step (ms) and generation (tokens/s) of every worker, in fp32 and in bf16."""
     out: dict[str, float] = {}
     tokens = cfg.gen_batch * cfg.new_tokens
-    for precision, suffix in PRECISIONS:
+    for precision, suffix in precisions(cfg):
         log(f"training step, {precision}")
         for kind, seconds in interleaved(workers, cfg, "train_step", precision=precision).items():
             out[f"{prefix(kind)}train_step_ms{suffix}"] = round(seconds * 1e3, 1)
@@ -561,15 +587,13 @@ def measure_speed(workers: list[Worker], cfg: BenchConfig) -> dict[str, float]:
     return out
 
 
-def speedups(r: dict[str, Any]) -> dict[str, float]:
+def speedups(r: dict[str, Any], cfg: BenchConfig) -> dict[str, float]:
     """Reference time / mmtx time for every figure (> 1: mmtx is faster)."""
-    out = {
-        "speedup_train_fp32": r["ref_train_step_ms"] / r["train_step_ms"],
-        "speedup_train_bf16": r["ref_train_step_ms_bf16"] / r["train_step_ms_bf16"],
-        "speedup_train_bf16_vs_ref_fp32": r["ref_train_step_ms"] / r["train_step_ms_bf16"],
-    }
+    out = {f"speedup_train_{p}": r[f"ref_train_step_ms{s}"] / r[f"train_step_ms{s}"] for p, s in precisions(cfg)}
+    if set(cfg.precisions) == {"fp32", "bf16"}:
+        out["speedup_train_bf16_vs_ref_fp32"] = r["ref_train_step_ms"] / r["train_step_ms_bf16"]
     for mode in ("greedy", "beam"):
-        for precision, suffix in PRECISIONS:
+        for precision, suffix in precisions(cfg):
             field = f"{mode}_tokens_per_s{suffix}"
             out[f"speedup_{mode}_{precision}"] = r[field] / r[f"ref_{field}"]
     return {k: round(v, 2) for k, v in out.items()}
@@ -584,7 +608,7 @@ def utilisation(
     log("matmul peak")
     out: dict[str, Any] = {}
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
-    for precision, suffix in PRECISIONS:
+    for precision, suffix in precisions(cfg):
         peak = matmul_peak_gflops(dtypes[precision], device)
         achieved = flops["mmtx"] / (r[f"train_step_ms{suffix}"] / 1e3) / 1e9
         out[f"matmul_peak_gflops_{precision}"] = round(peak, 1)
@@ -598,12 +622,14 @@ def utilisation(
     bandwidth = memory_bandwidth_gbs(device)
     out["memory_bandwidth_gbs"] = round(bandwidth, 1)
     for mode, rows in (("greedy", cfg.gen_batch), ("beam", cfg.gen_batch * cfg.beams)):
+        if "fp32" not in cfg.precisions:  # the floors are fp32 ones
+            break
         floor = decode_step_floor_ms(cfg, rows, bandwidth, out["matmul_peak_gflops_fp32"])
         out[f"{mode}_step_floor_ms"] = round(floor, 2)
         step = r[f"{mode}_step_ms"]  # a difference of two medians: noise can make a tiny model's <= 0
         out[f"{mode}_step_floor_fraction"] = round(floor / step, 3) if step > 0 else None
     datasheet = peak_tflops or datasheet_peak_tflops(device)
-    if datasheet:
+    if datasheet and "bf16" in cfg.precisions:
         out["peak_tflops_datasheet_bf16"] = datasheet
         out["mfu_bf16_datasheet"] = round(out["train_gflops_per_s_bf16"] / (datasheet * 1e3), 3)
     return out
@@ -645,8 +671,14 @@ def run(cfg: BenchConfig, reference: bool, loss_curve: int, peak_tflops: float |
         result |= measure_speed(workers, cfg)
         for w in workers:
             result |= {prefix(w.kind) + k: v for k, v in w.call("memory").items()}
+        if cfg.device == "cuda":
+            log("host synchronisations per generation call")
+            precision = cfg.precisions[-1]
+            for w in workers:
+                for mode, beams in (("greedy", 1), ("beam", cfg.beams)):
+                    result[f"{prefix(w.kind)}{mode}_host_syncs"] = w.call("host_syncs", beams=beams, precision=precision)
         if reference:
-            result |= speedups(result)
+            result |= speedups(result, cfg)
         result |= utilisation(result, flops, cfg, peak_tflops)
 
         if loss_curve:
@@ -707,6 +739,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--reference", action=argparse.BooleanOptionalAction, default=None,
         help="also measure Hugging Face's VisionEncoderDecoderModel (default: when transformers is importable)",
     )
+    run_.add_argument("--precisions", type=lambda s: tuple(s.split(",")), default=d.precisions,
+                      help="comma-separated: fp32, bf16 (autocast)")
     run_.add_argument("--compile", action="store_true", help="torch.compile mmtx's model for the training step and its image encoder for generation")
     run_.add_argument("--loss-curve", type=int, default=0, metavar="N",
                       help="also train N steps in fp32 and bf16 on fixed random data and compare the losses")
@@ -717,6 +751,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                  "gen_batch", "new_tokens", "beams"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if not args.precisions or set(args.precisions) - set(SUFFIXES):
+        p.error(f"--precisions: a comma-separated list of {', '.join(SUFFIXES)}")
     if args.image % args.patch or args.dim % args.heads or args.text_len < 2 or args.warmup < 0:
         p.error("need --image divisible by --patch, --dim by --heads, --text-len >= 2, --warmup >= 0")
     return args
@@ -744,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
         image=args.image, patch=args.patch, dim=args.dim, heads=args.heads, enc_layers=args.enc_layers,
         dec_layers=args.dec_layers, vocab=args.vocab, text_len=args.text_len, batch=args.batch,
         steps=args.steps, warmup=args.warmup, gen_batch=args.gen_batch, new_tokens=args.new_tokens,
-        beams=args.beams, device=args.device, compile=args.compile,
+        beams=args.beams, device=args.device, compile=args.compile, precisions=args.precisions,
     )
     result = run(cfg, reference, args.loss_curve, args.peak_tflops)
     print(json.dumps(result))

@@ -75,20 +75,24 @@ def train(cfg: DictConfig) -> dict[str, float]:
     )
     trainer = make_trainer(cfg, loggers, [*instantiate_dict(cfg.get("callbacks")), track])
     trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
-    if not task.metrics or validated_at[-1:] != [trainer.global_step]:
+    validates = trainer.limit_val_batches != 0  # trainer.limit_val_batches=0: no validation at all
+    if validates and (not task.metrics or validated_at[-1:] != [trainer.global_step]):
         # stopped between validations (max_steps, max_time): score the final weights
         trainer.validate(task, datamodule=datamodule, verbose=False)
 
     metrics = dict(task.metrics)
     if trainer.is_global_zero:
-        name, baseline = task.baseline(datamodule)
-        print(f"\nvalidation after {trainer.global_step} steps; baseline: {name}")
-        print(format_metrics_table(metrics, baseline, baseline_name="baseline"))
-        summary = {"metrics": metrics, "baseline": {"name": name, **baseline},
-                   "steps": trainer.global_step, "checkpoints": str(out / "checkpoints")}
+        summary: dict = {"metrics": metrics, "steps": trainer.global_step, "checkpoints": str(out / "checkpoints")}
+        if validates:
+            name, baseline = task.baseline(datamodule)
+            print(f"\nvalidation after {trainer.global_step} steps; baseline: {name}")
+            print(format_metrics_table(metrics, baseline, baseline_name="baseline"))
+            summary["baseline"] = {"name": name, **baseline}
+            for logger in loggers:
+                logger.log_metrics({f"baseline/{k}": v for k, v in baseline.items()}, step=trainer.global_step)
+        else:
+            print(f"\n{trainer.global_step} steps, not validated (trainer.limit_val_batches=0)")
         (out / "metrics.json").write_text(json.dumps(summary, indent=2))
-        for logger in loggers:
-            logger.log_metrics({f"baseline/{k}": v for k, v in baseline.items()}, step=trainer.global_step)
         print(f"run directory: {out}")
     if any(isinstance(lg, WandbLogger) for lg in loggers):
         import wandb

@@ -26,8 +26,19 @@ from typing import BinaryIO, Union
 import numpy as np
 import torch
 from PIL import Image, ImageOps
-from torchcodec.decoders import decode_image
 from torchvision.transforms.v2.functional import pil_to_tensor
+
+try:
+    from torchcodec.decoders import decode_image
+except (ImportError, OSError, RuntimeError):  # not installed, or built for another torch release
+    # TorchCodec's compiled ops follow torch releases, and GPU images often ship a torch that no
+    # TorchCodec release matches: torchvision.io's decoders (the same libjpeg-turbo and libpng)
+    # give the same pixels there.
+    from torchvision.io import ImageReadMode, decode_image as _decode_tensor, read_file
+
+    def decode_image(source: Path | torch.Tensor, mode: str = "RGB") -> torch.Tensor:
+        data = read_file(str(source)) if isinstance(source, Path) else source
+        return _decode_tensor(data, mode=ImageReadMode[mode], apply_exif_orientation=True)
 from tqdm import tqdm
 
 # Transparent pixels are composited onto white: transparent regions in logos, icons and
