@@ -313,15 +313,23 @@ def counted_flops(step: Callable[[], None]) -> float:
     return float(counter.get_total_flops())
 
 
-def matmul_peak_gflops(dtype: torch.dtype, device: str, repeats: int = 5) -> float:
-    """Best throughput of a large square matmul: the practical ceiling for MFU."""
+def matmul_peak_gflops(dtype: torch.dtype, device: str, repeats: int = 5, budget_s: float = 3.0) -> float:
+    """Best throughput of a large square matmul: the practical ceiling for MFU. On a CPU the size
+    shrinks from 2048 until one product takes about a second (one without native bf16 would take
+    minutes at 2048 in bf16); repeats stop after ``budget_s`` (at least two products)."""
     n = 8192 if device == "cuda" else 2048
+    if device != "cuda":
+        probe = torch.randn(256, 256).to(dtype)
+        timed(lambda: probe @ probe, device)
+        seconds = timed(lambda: probe @ probe, device)
+        while n > 256 and seconds * (n / 256) ** 3 > 1.0:
+            n //= 2
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
-    best = float("inf")
-    for _ in range(repeats + 1):
-        best = min(best, timed(lambda: a @ b, device))
-    return 2 * n**3 / best / 1e9
+    times: list[float] = []
+    while len(times) < repeats + 1 and (len(times) < 2 or sum(times) < budget_s):
+        times.append(timed(lambda: a @ b, device))
+    return 2 * n**3 / min(times) / 1e9
 
 
 # --------------------------------------------------------------------------------------------

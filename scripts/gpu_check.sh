@@ -21,7 +21,7 @@ mkdir -p "$LOGS" "$WORK"
 export PYTHONUNBUFFERED=1 WANDB_MODE=offline WANDB_SILENT=true MMTX_DATA_DIR=$WORK/data
 T0=$SECONDS
 PY=${PYTHON:-python3}
-mt() { "$PY" -m mmtx.cli.train "$@"; }
+MT=("$PY" -m mmtx.cli.train)
 
 note() { echo "[$((SECONDS - T0))s] $*" | tee -a "$OUT/summary.txt"; }
 pack() { tar czf "$OUT/logs.tgz" -C "$OUT" logs 2>/dev/null; }
@@ -55,33 +55,29 @@ fi
 if wants correct; then
     R=$WORK/runs
     # the captioner: train, resume, evaluate, caption (one chain); the other presets beside it
-    ( run gpu_train 150 mt "${TINY[@]}" trainer=gpu hydra.run.dir="$R/gpu" &&
-      run gpu_resume 100 mt "${TINY[@]}" trainer=gpu trainer.max_steps=9 ckpt_path="$R/gpu/checkpoints/last.ckpt" \
+    ( run gpu_train 150 "${MT[@]}" "${TINY[@]}" trainer=gpu hydra.run.dir="$R/gpu" &&
+      run gpu_resume 100 "${MT[@]}" "${TINY[@]}" trainer=gpu trainer.max_steps=9 ckpt_path="$R/gpu/checkpoints/last.ckpt" \
           hydra.run.dir="$R/gpu" &&
       run gpu_eval 100 "$PY" -m mmtx.cli.eval ckpt="$R/gpu/checkpoints/last.ckpt" trainer=gpu \
           output="$R/gpu/eval.json" predictions="$R/gpu/eval_predictions.json" &&
       run gpu_caption 60 "$PY" -m mmtx.cli.caption ckpt="$R/gpu/checkpoints/last.ckpt" device=cuda \
           "images=[$(ls "$WORK"/data/shapes-32px-*/val/*.png | head -n 2 | paste -sd, -)]" ) &
-    ( run ddp1 150 mt "${TINY[@]}" trainer=ddp trainer.devices=1 hydra.run.dir="$R/ddp" ) &
-    ( run fsdp1_ckpting 150 mt "${TINY[@]}" trainer=fsdp trainer.devices=1 \
+    ( run ddp1 150 "${MT[@]}" "${TINY[@]}" trainer=ddp trainer.devices=1 hydra.run.dir="$R/ddp" ) &
+    ( run fsdp1_ckpting 150 "${MT[@]}" "${TINY[@]}" trainer=fsdp trainer.devices=1 \
           trainer.strategy.activation_checkpointing=true hydra.run.dir="$R/fsdp" &&
-      run fsdp1_resume 100 mt "${TINY[@]}" trainer=fsdp trainer.devices=1 trainer.max_steps=9 \
+      run fsdp1_resume 100 "${MT[@]}" "${TINY[@]}" trainer=fsdp trainer.devices=1 trainer.max_steps=9 \
           trainer.strategy.activation_checkpointing=true ckpt_path="$R/fsdp/checkpoints/last.ckpt" hydra.run.dir="$R/fsdp" ) &
-    ( run compile_true 150 mt "${TINY[@]}" trainer=gpu compile=true hydra.run.dir="$R/compile" ) &
-    ( run pretrain 150 mt experiment=pretrain_shapes "${TINY_TS[@]}" trainer=gpu hydra.run.dir="$R/pretrain" ) &
-    ( run vqa_train 150 mt experiment=vqa_shapes "${TINY_TS[@]}" trainer=gpu hydra.run.dir="$R/vqa" &&
+    ( run compile_true 150 "${MT[@]}" "${TINY[@]}" trainer=gpu compile=true hydra.run.dir="$R/compile" ) &
+    ( run pretrain 150 "${MT[@]}" experiment=pretrain_shapes "${TINY_TS[@]}" trainer=gpu hydra.run.dir="$R/pretrain" ) &
+    ( run vqa_train 150 "${MT[@]}" experiment=vqa_shapes "${TINY_TS[@]}" trainer=gpu hydra.run.dir="$R/vqa" &&
       run vqa_eval 100 "$PY" -m mmtx.cli.eval ckpt="$R/vqa/checkpoints/last.ckpt" trainer=gpu \
           output="$R/vqa/eval.json" predictions="$R/vqa/eval_predictions.json" &&
       run vqa_answer 60 "$PY" -m mmtx.cli.vqa ckpt="$R/vqa/checkpoints/last.ckpt" device=cuda \
           image="$(ls "$WORK"/data/shapes*vqa*/val/*.png 2>/dev/null | head -n 1)" "question='what colour is the circle?'" ) &
     ( run pytest_gpu 200 "$PY" -m pytest -q -p no:cacheprovider tests/test_presets.py -k gpu_presets ) &
-    # the timed loops' data, made now: 640x480 JPEGs, and shapes scenes at 224 px
+    # the timed loops' JPEGs, made now (640x480)
     ( run coco_jpegs 150 "$PY" -c "import sys; sys.path.insert(0, 'scripts'); from pathlib import Path
 from bench_data import synthetic_coco; synthetic_coco(Path('$WORK/coco'), 1536)" ) &
-    ( run shapes224 150 "$PY" -c "import sys; sys.path.insert(0, '.'); from hydra.utils import instantiate
-from tests.helpers import compose_train
-instantiate(compose_train(['data.image_size=224', 'data.num_train=2048', 'data.num_val=64',
-                           'paths.output_dir=$WORK/unused'])).prepare_data()" ) &
     wait
     # GPU checkpoints for a CPU to load (tests/test_gpu_checkpoints.py, when they are there)
     tar czf "$OUT/gpu_checkpoints.tgz" -C "$R" gpu/checkpoints/last.ckpt gpu/tokenizer.json \
@@ -115,13 +111,13 @@ loop() {  # loop NAME LIMIT OVERRIDES...
     shift 2
     nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 500 >"$LOGS/$name.gpu.csv" &
     local smi=$!
-    run "$name" "$limit" mt "${THROUGHPUT[@]}" hydra.run.dir="$WORK/loops/$name" "$@"
+    run "$name" "$limit" "${MT[@]}" "${THROUGHPUT[@]}" hydra.run.dir="$WORK/loops/$name" "$@"
     kill $smi 2>/dev/null
     cp "$WORK/loops/$name"/csv/version_0/metrics.csv "$LOGS/$name.metrics.csv" 2>/dev/null
     pack
 }
 if wants loops; then
-    loop loop_shapes224 90 model=caption_base data.image_size=224 data.num_train=2048 data.num_val=64 \
+    loop loop_shapes224 100 model=caption_base data.image_size=224 data.num_train=2048 data.num_val=64 \
         data.batch_size=128
     loop loop_coco_jpeg 90 model=caption_base data=coco data.train.annotations="$WORK/coco/captions.json" \
         data.train.images="$WORK/coco/images" data.val.annotations="$WORK/coco/captions.json" \

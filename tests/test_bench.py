@@ -102,3 +102,17 @@ def test_bench_rejects_bad_sizes():
     proc = subprocess.run([sys.executable, str(SCRIPT), "--image", "30"], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "--image divisible by --patch" in proc.stderr
+
+
+def test_bench_measures_only_the_precisions_asked_for():
+    tiny = ["--image", "32", "--patch", "16", "--dim", "32", "--heads", "2", "--enc-layers", "1",
+            "--dec-layers", "1", "--vocab", "64", "--text-len", "6", "--batch", "2", "--steps", "1",
+            "--warmup", "1", "--gen-batch", "2", "--new-tokens", "4", "--beams", "2", "--no-reference",
+            "--precisions", "bf16"]
+    proc = subprocess.run([sys.executable, str(SCRIPT), *tiny], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["precisions"] == ["bf16"] and r["train_step_ms_bf16"] > 0 and r["beam_tokens_per_s_bf16"] > 0
+    assert not any(key in r for key in ("train_step_ms", "greedy_tokens_per_s", "mfu_fp32", "greedy_step_floor_ms"))
+    bad = subprocess.run([sys.executable, str(SCRIPT), "--precisions", "fp16"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--precisions" in bad.stderr

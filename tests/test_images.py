@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pickle
 import struct
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -168,6 +170,27 @@ def test_read_image_gives_load_image_pixels_decoding_photos_with_torchcodec(
         pixels = read_image(path)
         assert pixels.dtype == torch.uint8 and torch.equal(pixels, expected[name]), name
         assert (path not in used_pillow) == fast, name
+
+
+def test_read_image_decodes_with_torchvision_where_torchcodec_cannot_load(tmp_path: Path) -> None:
+    """GPU images often ship a torch that no TorchCodec release is built for: its import fails
+    there, and torchvision.io's decoders give the same pixels (a process of its own, where the
+    import is made to fail)."""
+    files = _every_kind_of_file(tmp_path)
+    for name, (path, _) in files.items():
+        torch.save(torch.from_numpy(np.array(load_image(path))).permute(2, 0, 1), tmp_path / f"{path.name}.pt")
+    script = f"""
+import sys, torch
+from pathlib import Path
+sys.modules["torchcodec"] = sys.modules["torchcodec.decoders"] = None  # import fails, as where no build matches
+from mmtx.data import images
+assert images.decode_image.__module__ == "mmtx.data.images", images.decode_image.__module__
+for path in {[str(p) for p, _ in files.values()]!r}:
+    assert torch.equal(images.read_image(Path(path)), torch.load(path + ".pt")), path
+print("same pixels")
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "same pixels" in proc.stdout, proc.stderr[-2000:]
 
 
 def test_read_image_names_the_broken_file(tmp_path: Path) -> None:

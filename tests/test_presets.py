@@ -147,3 +147,32 @@ def test_shapes_presets_carry_their_data_settings_to_a_users_files(preset: str, 
     assert compose_train([data]).data.image_size == 224
     if preset == "experiment=vqa_shapes":
         assert cfg.task.lr == 2e-3
+
+
+# README "GPU": the overrides that log images per second with Lightning's ThroughputMonitor
+THROUGHPUT = [
+    "+callbacks.throughput._target_=lightning.pytorch.callbacks.ThroughputMonitor",
+    "+callbacks.throughput.batch_size_fn._target_=hydra.utils.get_method",
+    "+callbacks.throughput.batch_size_fn.path=mmtx.callbacks.images_in_batch",
+    "+callbacks.throughput.window_size=4", "logger=csv", "trainer.log_every_n_steps=2",
+]
+
+
+def test_throughput_is_logged_and_a_run_without_validation_ends_cleanly(tiny: list[str], tmp_path: Path) -> None:
+    """The README's throughput overrides log images per second; ``trainer.limit_val_batches=0``
+    (no validation: what a throughput run wants) trains, checkpoints and reports no metrics
+    instead of failing after the fit."""
+    import csv
+    import json
+
+    metrics = train_in_process([
+        *tiny, *THROUGHPUT, "trainer.max_steps=12", "trainer.limit_val_batches=0",
+        "trainer.enable_progress_bar=false", f"paths.output_dir={tmp_path}",
+    ])
+    assert metrics == {}
+    assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 12
+    assert "baseline" not in json.loads((tmp_path / "metrics.json").read_text())
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+    with open(tmp_path / "csv" / "version_0" / "metrics.csv") as f:
+        rates = [float(r["train/device/samples_per_sec"]) for r in csv.DictReader(f) if r["train/device/samples_per_sec"]]
+    assert rates and all(rate > 0 for rate in rates)
