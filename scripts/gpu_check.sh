@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every GPU check of mmtx in one call, for a machine with one CUDA GPU (README "GPU"):
-#   1. correctness, in parallel (nothing timed yet): the GPU tests, then every preset on a tiny
+# Every GPU check of mmtx in one call, for a machine with one CUDA GPU (README "On a GPU"):
+#   1. correctness, in parallel (nothing timed yet): the GPU tests and every preset on a tiny
 #      model in bf16 (trainer=gpu, resume from last.ckpt, ddp and fsdp on one device, fsdp with
 #      activation checkpointing, compile=true, pretraining, VQA), mmtx-eval / mmtx-caption /
 #      mmtx-vqa on the GPU checkpoints, which are also packed for a CPU to load;
@@ -12,6 +12,11 @@
 # Usage: bash scripts/gpu_check.sh OUT_DIR [STAGE ...]   (stages: env correct bench loops compile)
 # Each stage has a time limit; logs go to OUT_DIR/logs (packed as OUT_DIR/logs.tgz after every
 # stage), the benchmark's JSON lines to OUT_DIR/bench_*.json, a line per stage to OUT_DIR/summary.txt.
+# Run from the repository root with mmtx importable (pip install -e ., or PYTHONPATH=.). On an offline
+# machine without hydra-core, omegaconf, pycocoevalcap (+pycocotools), webdataset, braceexpand or Java,
+# carry their wheels and a minimal Java runtime (`jlink --add-modules java.base,java.logging
+# --strip-debug --no-header-files --no-man-pages --output jre`); pycocoevalcap's spice/ and METEOR's
+# paraphrase table may be left behind to save 80 MB (METEOR is then not the official one).
 set -uo pipefail
 OUT=$(realpath -m "${1:?usage: gpu_check.sh OUT_DIR [STAGE ...]}")
 shift
@@ -79,7 +84,7 @@ if wants correct; then
     ( run coco_jpegs 150 "$PY" -c "import sys; sys.path.insert(0, 'scripts'); from pathlib import Path
 from bench_data import synthetic_coco; synthetic_coco(Path('$WORK/coco'), 1536)" ) &
     wait
-    # GPU checkpoints for a CPU to load (tests/test_gpu_checkpoints.py, when they are there)
+    # GPU checkpoints for a CPU to load (tests/test_gpu_checkpoint.py holds one)
     tar czf "$OUT/gpu_checkpoints.tgz" -C "$R" gpu/checkpoints/last.ckpt gpu/tokenizer.json \
         vqa/checkpoints/last.ckpt pretrain/checkpoints/last.ckpt 2>/dev/null
     pack
