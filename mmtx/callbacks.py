@@ -47,7 +47,7 @@ class LogCaptionSamples(L.Callback):
 
 def images_in_batch(batch: dict[str, Any]) -> int:
     """The images a training batch holds: the ``batch_size_fn`` of Lightning's ``ThroughputMonitor``,
-    which logs ``train/samples_per_sec`` (README "GPU" shows the overrides that add it)."""
+    which logs ``train/device/samples_per_sec`` (README "On a GPU" shows the overrides that add it)."""
     return len(batch["images"])
 
 

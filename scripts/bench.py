@@ -38,9 +38,10 @@ How the figures are measured
   practical ceiling; ``mfu_fp32/_bf16`` = ``train_gflops / train_step_s / peak`` (``ref_mfu_*``
   from the reference's counted FLOPs). ``torch_threads`` is left at PyTorch's default. On CUDA the bf16
   MFU is also given against the datasheet peak (``--peak-tflops``, or looked up for H100/H200).
-* ``*_host_syncs`` (CUDA): how often one generation call (greedy, beam) makes the host wait for
-  the GPU, counted by ``torch.cuda.set_sync_debug_mode("warn")``; a loop that checked on the
-  device every step would count at least ``--new-tokens``.
+* ``*_host_syncs`` (CUDA): how often one generation call (greedy, beam; in the last of
+  ``--precisions``) makes the host wait for the GPU, counted by
+  ``torch.cuda.set_sync_debug_mode("warn")`` (tensor operations only: a lower bound); a loop that
+  checked on the device every step would count at least ``--new-tokens``.
 * ``peak_rss_mb``: the worker process's peak resident memory (``ru_maxrss``) after all timed
   runs; on CUDA also ``peak_gpu_mem_mb``.
 * ``ref_*``: the same for the reference; ``speedup_*`` = reference time / mmtx time (> 1 means
@@ -296,10 +297,8 @@ def _cpu_flash_attention_backward_flops(
     return sdpa_backward_flop_count(grad_out, query, key, value)
 
 
-def counted_flops(step: Callable[[], None]) -> float:
-    """FLOPs that ``FlopCounterMode`` sees in ``step`` (its table lacks the CPU flash kernel: added)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
+def cpu_flash_attention_flops() -> dict[Any, Callable[..., int]]:
+    """``FlopCounterMode``'s ``custom_mapping`` for the CPU flash attention kernels its table lacks."""
     aten = torch.ops.aten
     mapping: dict[Any, Callable[..., int]] = {}
     for op, fn in (
@@ -308,7 +307,14 @@ def counted_flops(step: Callable[[], None]) -> float:
     ):
         if hasattr(aten, op):
             mapping[getattr(aten, op)] = fn
-    with FlopCounterMode(display=False, custom_mapping=mapping) as counter:
+    return mapping
+
+
+def counted_flops(step: Callable[[], None]) -> float:
+    """FLOPs that ``FlopCounterMode`` sees in ``step`` (its table lacks the CPU flash kernel: added)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False, custom_mapping=cpu_flash_attention_flops()) as counter:
         step()
     return float(counter.get_total_flops())
 
@@ -424,18 +430,20 @@ class ModelBench:
     @torch.no_grad()
     def host_syncs(self, beams: int, precision: str) -> int:
         """How many times one generation call makes the host wait for the GPU (CUDA only):
-        PyTorch's sync debug mode warns at every synchronising operation."""
+        PyTorch's sync debug mode warns at every synchronising tensor operation (an explicit
+        event or stream synchronisation is not counted: a lower bound)."""
         import warnings
 
         self.model.eval()
         torch.cuda.synchronize()
+        previous = torch.cuda.get_sync_debug_mode()
         with warnings.catch_warnings(record=True) as caught, self._autocast(precision):
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
             try:
                 self.adapter.generate(self.gen_images, self.cfg.new_tokens, beams)
             finally:
-                torch.cuda.set_sync_debug_mode("default")
+                torch.cuda.set_sync_debug_mode(previous)
         return sum("synchronizing" in str(w.message) for w in caught)
 
     @torch.no_grad()
@@ -629,9 +637,8 @@ def utilisation(
     log("memory bandwidth")
     bandwidth = memory_bandwidth_gbs(device)
     out["memory_bandwidth_gbs"] = round(bandwidth, 1)
-    for mode, rows in (("greedy", cfg.gen_batch), ("beam", cfg.gen_batch * cfg.beams)):
-        if "fp32" not in cfg.precisions:  # the floors are fp32 ones
-            break
+    fp32_floors = (("greedy", cfg.gen_batch), ("beam", cfg.gen_batch * cfg.beams)) if "fp32" in cfg.precisions else ()
+    for mode, rows in fp32_floors:
         floor = decode_step_floor_ms(cfg, rows, bandwidth, out["matmul_peak_gflops_fp32"])
         out[f"{mode}_step_floor_ms"] = round(floor, 2)
         step = r[f"{mode}_step_ms"]  # a difference of two medians: noise can make a tiny model's <= 0
@@ -747,7 +754,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--reference", action=argparse.BooleanOptionalAction, default=None,
         help="also measure Hugging Face's VisionEncoderDecoderModel (default: when transformers is importable)",
     )
-    run_.add_argument("--precisions", type=lambda s: tuple(s.split(",")), default=d.precisions,
+    run_.add_argument("--precisions", type=lambda s: tuple(dict.fromkeys(s.split(","))), default=d.precisions,
                       help="comma-separated: fp32, bf16 (autocast)")
     run_.add_argument("--compile", action="store_true", help="torch.compile mmtx's model for the training step and its image encoder for generation")
     run_.add_argument("--loss-curve", type=int, default=0, metavar="N",

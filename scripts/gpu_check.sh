@@ -20,15 +20,21 @@
 set -uo pipefail
 OUT=$(realpath -m "${1:?usage: gpu_check.sh OUT_DIR [STAGE ...]}")
 shift
-STAGES=${*:-env correct bench loops compile}
+ALL="env correct bench loops compile"
+STAGES=${*:-$ALL}
+for stage in $STAGES; do
+    [[ " $ALL " == *" $stage "* ]] || { echo "gpu_check.sh: no stage '$stage' (stages: $ALL)" >&2; exit 2; }
+done
 LOGS=$OUT/logs WORK=${GPU_CHECK_WORK:-/tmp/gpu-check}
 mkdir -p "$LOGS" "$WORK"
+rm -f "$OUT/.failed"
 export PYTHONUNBUFFERED=1 WANDB_MODE=offline WANDB_SILENT=true MMTX_DATA_DIR=$WORK/data
 T0=$SECONDS
 PY=${PYTHON:-python3}
 MT=("$PY" -m mmtx.cli.train)
 
 note() { echo "[$((SECONDS - T0))s] $*" | tee -a "$OUT/summary.txt"; }
+failed() { echo x >>"$OUT/.failed"; }  # a file, not a variable: runs in ( ... ) & subshells count too
 pack() { tar czf "$OUT/logs.tgz" -C "$OUT" logs 2>/dev/null; }
 # run NAME LIMIT CMD...: CMD under a time limit, its output in logs/NAME.log, its status noted
 run() {
@@ -37,7 +43,7 @@ run() {
     timeout -k 5 "$limit" "$@" >"$LOGS/$name.log" 2>&1
     rc=$?
     note "$name: rc=$rc in $((SECONDS - start))s$([ $rc = 124 ] && echo ' (time limit)')"
-    [ $rc = 0 ] || tail -n 4 "$LOGS/$name.log" | sed 's/^/    /' | tee -a "$OUT/summary.txt"
+    [ $rc = 0 ] || { failed; tail -n 4 "$LOGS/$name.log" | sed 's/^/    /' | tee -a "$OUT/summary.txt"; }
     return $rc
 }
 wants() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -118,7 +124,7 @@ loop() {  # loop NAME LIMIT OVERRIDES...
     local smi=$!
     run "$name" "$limit" "${MT[@]}" "${THROUGHPUT[@]}" hydra.run.dir="$WORK/loops/$name" "$@"
     kill $smi 2>/dev/null
-    cp "$WORK/loops/$name"/csv/version_0/metrics.csv "$LOGS/$name.metrics.csv" 2>/dev/null
+    cp "$(ls -d "$WORK/loops/$name"/csv/version_* | sort -V | tail -n 1)/metrics.csv" "$LOGS/$name.metrics.csv" 2>/dev/null
     pack
 }
 if wants loops; then
@@ -139,5 +145,7 @@ if wants compile; then
     grep '^{' "$LOGS/bench_compiled.log" >"$OUT/bench_compiled.json"
     pack
 fi
-note "done"
+failures=$(cat "$OUT/.failed" 2>/dev/null | wc -l)
+note "done: $failures failed"
 pack
+[ "$failures" = 0 ]

@@ -183,7 +183,11 @@ def test_read_image_decodes_with_torchvision_where_torchcodec_cannot_load(tmp_pa
 import sys, torch
 from pathlib import Path
 sys.modules["torchcodec"] = sys.modules["torchcodec.decoders"] = None  # import fails, as where no build matches
-from mmtx.data import images
+import warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    from mmtx.data import images
+assert any("TorchCodec cannot be loaded" in str(w.message) for w in caught), [str(w.message) for w in caught]
 assert images.decode_image.__module__ == "mmtx.data.images", images.decode_image.__module__
 for path in {[str(p) for p, _ in files.values()]!r}:
     assert torch.equal(images.read_image(Path(path)), torch.load(path + ".pt")), path

@@ -149,7 +149,7 @@ def test_shapes_presets_carry_their_data_settings_to_a_users_files(preset: str, 
         assert cfg.task.lr == 2e-3
 
 
-# README "GPU": the overrides that log images per second with Lightning's ThroughputMonitor
+# README "On a GPU": the overrides that log images per second with Lightning's ThroughputMonitor
 THROUGHPUT = [
     "+callbacks.throughput._target_=lightning.pytorch.callbacks.ThroughputMonitor",
     "+callbacks.throughput.batch_size_fn._target_=hydra.utils.get_method",

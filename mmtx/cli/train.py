@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import hydra
@@ -82,7 +83,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     metrics = dict(task.metrics)
     if trainer.is_global_zero:
-        summary: dict = {"metrics": metrics, "steps": trainer.global_step, "checkpoints": str(out / "checkpoints")}
+        summary: dict[str, Any] = {"metrics": metrics, "steps": trainer.global_step, "checkpoints": str(out / "checkpoints")}
         if validates:
             name, baseline = task.baseline(datamodule)
             print(f"\nvalidation after {trainer.global_step} steps; baseline: {name}")

@@ -30,13 +30,19 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 
 try:
     from torchcodec.decoders import decode_image
-except (ImportError, OSError, RuntimeError):  # not installed, or built for another torch release
+except (ImportError, OSError, RuntimeError) as _unavailable:  # not installed, or built for another torch
     # TorchCodec's compiled ops follow torch releases, and GPU images often ship a torch that no
-    # TorchCodec release matches: torchvision.io's decoders (the same libjpeg-turbo and libpng)
-    # give the same pixels there.
-    from torchvision.io import ImageReadMode, decode_image as _decode_tensor, read_file
+    # TorchCodec release matches: torchvision.io's decoders (the same libjpeg-turbo and libpng;
+    # deprecated for TorchCodec since torchvision 0.29) give the same pixels there.
+    import warnings
+
+    from torchvision.io import ImageReadMode, read_file
+    from torchvision.io import decode_image as _decode_tensor
+
+    warnings.warn(f"TorchCodec cannot be loaded ({_unavailable}); torchvision.io decodes the images", stacklevel=1)
 
     def decode_image(source: Path | torch.Tensor, mode: str = "RGB") -> torch.Tensor:
+        """TorchCodec's ``decode_image`` (file or encoded bytes), by torchvision.io."""
         data = read_file(str(source)) if isinstance(source, Path) else source
         return _decode_tensor(data, mode=ImageReadMode[mode], apply_exif_orientation=True)
 from tqdm import tqdm
