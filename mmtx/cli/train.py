@@ -7,8 +7,8 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import hydra
 import lightning as L

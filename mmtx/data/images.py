@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 from torchvision.transforms.v2.functional import pil_to_tensor
+from tqdm import tqdm
 
 try:
     from torchcodec.decoders import decode_image
@@ -45,7 +46,7 @@ except (ImportError, OSError, RuntimeError) as _unavailable:  # not installed, o
         """TorchCodec's ``decode_image`` (file or encoded bytes), by torchvision.io."""
         data = read_file(str(source)) if isinstance(source, Path) else source
         return _decode_tensor(data, mode=ImageReadMode[mode], apply_exif_orientation=True)
-from tqdm import tqdm
+
 
 # Transparent pixels are composited onto white: transparent regions in logos, icons and
 # scanned documents are meant to be shown on a (white) page, and white keeps dark line art
