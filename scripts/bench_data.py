@@ -26,6 +26,11 @@ How the figures are measured
   ``data=webdataset`` and resized to ``--coco-size`` px: what converting a folder once buys.
 * On a machine with fewer cores than workers + 1 the workers compete with the main process; the
   figures say how fast the loader alone can go, not how much a training step is slowed.
+* ``--stages``: per image on one thread (what each loader worker has), the median milliseconds of
+  reading + decoding the file (`read_image`), of the resize to the model's size, and of a whole
+  example (the data set's item, the collator's share included); ``bound_vs_coco`` is the
+  folder's whole example over this loader's decode + resize alone: the most any cut of the
+  Python around them could bring the loader's speed-up over the folder to.
 """
 
 from __future__ import annotations
@@ -132,6 +137,43 @@ def measure(source: str, args: argparse.Namespace, tokenizer: Any, workers: int)
     return {"images_per_s": round(images / seconds, 1), "first_batch_s": round(first, 2), "images": images}
 
 
+def stages(source: str, args: argparse.Namespace, tokenizer: Any) -> dict[str, float]:
+    """Median ms per image of decoding, resizing and a whole example, on one thread."""
+    import statistics
+
+    from mmtx.data.images import read_image
+
+    dm = make_datamodule(source, args, 0, tokenizer)
+    dm.prepare_data()
+    loader = dm.train_dataloader()
+    dataset, collate = loader.dataset, loader.collate_fn
+    count = max(1, min(len(dataset), args.batches * args.batch_size) // args.batch_size) * args.batch_size
+    sources = [dataset.dataset.image_path(i) for i in range(count)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+
+    def median_ms(work: Any) -> float:
+        runs = []
+        for _ in range(3):
+            start = time.perf_counter()
+            work()
+            runs.append((time.perf_counter() - start) / len(sources) * 1e3)
+        return round(statistics.median(runs), 3)
+
+    try:
+        decoded = [read_image(s) for s in sources]
+        return {
+            "decode_ms": median_ms(lambda: [read_image(s) for s in sources]),
+            "resize_ms": median_ms(lambda: [dataset.dataset.transform(x) for x in decoded]),
+            "example_ms": median_ms(lambda: [
+                collate([dataset[(i + j, 0)] for j in range(args.batch_size)])
+                for i in range(0, count, args.batch_size)
+            ]),
+        }
+    finally:
+        torch.set_num_threads(threads)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from mmtx.data.tokenizer import Tokenizer
 
@@ -148,10 +190,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "image_size": args.shapes_size if source == "shapes" else args.coco_size,
             "files": "official" if source != "shapes" and args.coco_annotations else "generated",
         }
+        if args.stages:
+            log(f"{source}: stages, one thread")
+            entry["stages"] = stages(source, args, tokenizer)
         for workers in args.workers:
             log(f"{source}: {workers} worker(s)")
             entry[f"workers_{workers}"] = measure(source, args, tokenizer, workers)
         result[source] = entry
+    folder = result.get("coco", {}).get("stages")
+    for source in ("coco_shards",) if folder else ():
+        if "stages" in result.get(source, {}):
+            own = result[source]["stages"]
+            own["bound_vs_coco"] = round(folder["example_ms"] / (own["decode_ms"] + own["resize_ms"]), 2)
     return result
 
 
@@ -165,6 +215,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="comma-separated: shapes, coco, coco_shards")
     p.add_argument("--workers", type=lambda s: [int(w) for w in s.split(",")], default=[0, 1, 2],
                    help="comma-separated worker counts")
+    p.add_argument("--stages", action="store_true",
+                   help="also time decoding, resizing and a whole example per image on one thread")
     p.add_argument("--batch-size", type=int, default=32, help="images per batch")
     p.add_argument("--batches", type=int, default=20, help="timed batches per worker count (after the first)")
     p.add_argument("--root", default=str(Path(tempfile.gettempdir()) / "mmtx-bench-data"),
