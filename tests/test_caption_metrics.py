@@ -18,12 +18,8 @@ from pycocoevalcap.rouge.rouge import Rouge
 from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
 from mmtx.metrics import caption
-from mmtx.metrics.caption import (
-    METRIC_NAMES,
-    caption_metrics,
-    constant_baseline,
-    format_metrics_table,
-)
+from mmtx.metrics.caption import METRIC_NAMES, caption_metrics, constant_baseline
+from mmtx.metrics.table import format_metrics_table
 
 needs_java = pytest.mark.skipif(
     shutil.which("java") is None,

@@ -9,7 +9,6 @@ run unchanged; plain ``torch.load`` refuses it without a GPU. The captions below
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import pytest

@@ -7,28 +7,14 @@ truncated batches as tensors (the library's padding and truncation), and decodin
 that stops at the first ``[EOS]``. Special ids only ever come from that framing
 and padding: a literal ``"[SEP]"`` inside a caption is tokenised as ordinary text.
 
-Special-token roles of a loaded file are resolved by name, first match wins:
-
-======  ============================================================
-role    candidates
-======  ============================================================
-pad     ``[PAD]``, ``<pad>``
-bos     ``[BOS]``, ``<s>``, ``<bos>``, ``<|endoftext|>``, ``[CLS]``
-eos     ``[EOS]``, ``</s>``, ``<eos>``, ``<|endoftext|>``, ``[SEP]``
-unk     ``[UNK]``, ``<unk>``
-mask    ``[MASK]``, ``<mask>``
-cls     ``[CLS]``, ``<s>``, ``<cls>``
-sep     ``[SEP]``, ``</s>``, ``<sep>``
-======  ============================================================
-
-So a BERT vocabulary uses ``[CLS]``/``[SEP]`` as BOS/EOS (as Hugging Face's
-``VisionEncoderDecoder`` does), RoBERTa uses ``<s>``/``</s>`` and GPT-2 uses
-``<|endoftext|>`` for both. A role with no candidate in the vocabulary gets
-its canonical token (``[PAD]``, ``[MASK]``, ...) appended as a new special
-token, so every id property is always a valid id and ``vocab_size`` counts it.
-The candidate order keeps this stable: reloading a saved tokenizer resolves
-every role to the same id even though appended tokens (say ``[CLS]``) are
-then part of the file.
+Special-token roles of a loaded file are resolved by name, first match wins, from the
+candidates in ``_ROLE_CANDIDATES`` below. So a BERT vocabulary uses ``[CLS]``/``[SEP]`` as
+BOS/EOS (as Hugging Face's ``VisionEncoderDecoder`` does), RoBERTa uses ``<s>``/``</s>`` and
+GPT-2 uses ``<|endoftext|>`` for both. A role with no candidate in the vocabulary gets its
+canonical token (``[PAD]``, ``[MASK]``, ...) appended as a new special token, so every role's
+id (``pad_id``, ``bos_id``, ...) is always a valid id and ``vocab_size`` counts it. The
+candidate order keeps this stable: reloading a saved tokenizer resolves every role to the same
+id even though appended tokens (say ``[CLS]``) are then part of the file.
 """
 
 from __future__ import annotations
@@ -108,6 +94,10 @@ class Tokenizer:
         )
         self._backend = backend
         self._ids = ids
+        # the ids of the seven roles: [PAD] [BOS] [EOS] [UNK] [MASK] [CLS] [SEP]
+        self.pad_id, self.bos_id, self.eos_id, self.unk_id, self.mask_id, self.cls_id, self.sep_id = (
+            ids[role] for role in SPECIAL_TOKENS
+        )
         self._vocab_size = backend.get_vocab_size(with_added_tokens=True)
         self._batch_backends: dict[int, tokenizers.Tokenizer] = {}  # by max_length
 
@@ -302,34 +292,6 @@ class Tokenizer:
     def vocab_size(self) -> int:
         """Number of ids, special and added tokens included (the embedding size)."""
         return self._vocab_size
-
-    @property
-    def pad_id(self) -> int:
-        return self._ids[PAD]
-
-    @property
-    def bos_id(self) -> int:
-        return self._ids[BOS]
-
-    @property
-    def eos_id(self) -> int:
-        return self._ids[EOS]
-
-    @property
-    def unk_id(self) -> int:
-        return self._ids[UNK]
-
-    @property
-    def mask_id(self) -> int:
-        return self._ids[MASK]
-
-    @property
-    def cls_id(self) -> int:
-        return self._ids[CLS]
-
-    @property
-    def sep_id(self) -> int:
-        return self._ids[SEP]
 
     @property
     def special_ids(self) -> frozenset[int]:

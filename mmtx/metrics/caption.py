@@ -11,10 +11,8 @@ from __future__ import annotations
 import heapq
 import shutil
 import subprocess
-import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pycocoevalcap.bleu.bleu import Bleu
@@ -22,9 +20,8 @@ from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.meteor.meteor import Meteor
 from pycocoevalcap.rouge.rouge import Rouge
 from pycocoevalcap.tokenizer import ptbtokenizer
-from mmtx.metrics.table import format_metrics_table  # noqa: F401  (re-exported)
 
-__all__ = ["METRIC_NAMES", "caption_metrics", "constant_baseline", "format_metrics_table"]
+__all__ = ["METRIC_NAMES", "caption_metrics", "constant_baseline"]
 
 METRIC_NAMES = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr")
 
@@ -36,36 +33,25 @@ _PTB_PUNCTUATION = frozenset(ptbtokenizer.PUNCTUATIONS)
 _BASELINE_IMAGES = 300
 
 
-def caption_metrics(
-    predictions: Mapping[int, str],
-    references: Mapping[int, Sequence[str]],
-    *,
-    verbose: bool = False,
-) -> dict[str, float]:
+def caption_metrics(predictions: Mapping[int, str], references: Mapping[int, Sequence[str]]) -> dict[str, float]:
     """Score one predicted caption per image against its reference captions.
 
     Returns the keys of ``METRIC_NAMES`` on pycocoevalcap's scales (BLEU,
     METEOR and ROUGE-L in [0, 1]; CIDEr as returned, about 0-10). Every
-    prediction id needs references and vice versa. ``verbose`` prints progress
-    and the Java tools' messages, which are otherwise hidden.
+    prediction id needs references and vice versa.
     """
     ids = _check_ids(predictions, references)
     _require_java()
     flat_refs = [ref for i in ids for ref in references[i]]
-    with _timed("PTB tokenization", verbose):
-        tokens = iter(_ptb_tokenize([*flat_refs, *(predictions[i] for i in ids)], verbose=verbose))
+    tokens = iter(_ptb_tokenize([*flat_refs, *(predictions[i] for i in ids)]))
     gts = {i: [next(tokens) for _ in references[i]] for i in ids}
     res = {i: [next(tokens)] for i in ids}
 
-    with _timed("BLEU", verbose):
-        bleu, _ = Bleu(4).compute_score(gts, res, verbose=int(verbose))
+    bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
     metrics = {f"BLEU-{n}": float(score) for n, score in enumerate(bleu, 1)}
-    with _timed("METEOR", verbose):
-        metrics["METEOR"] = _meteor_score(gts, res)
-    with _timed("ROUGE-L", verbose):
-        metrics["ROUGE-L"] = float(Rouge().compute_score(gts, res)[0])
-    with _timed("CIDEr", verbose):
-        metrics["CIDEr"] = float(Cider().compute_score(gts, res)[0])
+    metrics["METEOR"] = _meteor_score(gts, res)
+    metrics["ROUGE-L"] = float(Rouge().compute_score(gts, res)[0])
+    metrics["CIDEr"] = float(Cider().compute_score(gts, res)[0])
     return metrics
 
 
@@ -73,8 +59,6 @@ def constant_baseline(
     train_references: Mapping[int, Sequence[str]],
     eval_references: Mapping[int, Sequence[str]],
     candidates: int = 50,
-    *,
-    verbose: bool = False,
 ) -> tuple[str, dict[str, float]]:
     """The best single training caption, predicted for every evaluation image, and its metrics.
 
@@ -85,14 +69,11 @@ def constant_baseline(
     normalised form and scored on ``eval_references`` with :func:`caption_metrics`.
     """
     _check_references(eval_references, "eval_references")
-    caption = _best_constant_caption(train_references, candidates, verbose=verbose)
-    prediction = {i: caption for i in eval_references}
-    return caption, caption_metrics(prediction, eval_references, verbose=verbose)
+    caption = _best_constant_caption(train_references, candidates)
+    return caption, caption_metrics({i: caption for i in eval_references}, eval_references)
 
 
-def _best_constant_caption(
-    train_references: Mapping[int, Sequence[str]], candidates: int, verbose: bool = False
-) -> str:
+def _best_constant_caption(train_references: Mapping[int, Sequence[str]], candidates: int) -> str:
     """The frequent training caption with the highest CIDEr as a constant prediction (see above)."""
     if candidates < 1:
         raise ValueError(f"candidates must be >= 1, got {candidates}")
@@ -113,16 +94,13 @@ def _best_constant_caption(
     size = min(_BASELINE_IMAGES, len(ids))
     subset = [ids[k * len(ids) // size] for k in range(size)]
     flat_refs = [ref for i in subset for ref in train_references[i]]
-    tokens = _ptb_tokenize([*pool, *flat_refs], verbose=verbose)
+    tokens = _ptb_tokenize([*pool, *flat_refs])
     pool_tokens, ref_tokens = tokens[: len(pool)], iter(tokens[len(pool) :])
     subset_refs = [[next(ref_tokens) for _ in train_references[i]] for i in subset]
 
     references = dict(enumerate(subset_refs))
     scores = [Cider().compute_score(references, {i: [text] for i in references})[0] for text in pool_tokens]
-    best = max(range(len(pool)), key=lambda k: (scores[k], -k))
-    if verbose:
-        print(f"constant caption {pool[best]!r}: CIDEr {scores[best]:.3f} on {size} train images")
-    return pool[best]
+    return pool[max(range(len(pool)), key=lambda k: (scores[k], -k))]
 
 
 # ---------------------------------------------------------------------- input checks
@@ -239,11 +217,3 @@ def _meteor_score(gts: dict[int, list[str]], res: dict[int, list[str]]) -> float
         meteor.close()
     return float(score)
 
-
-@contextmanager
-def _timed(step: str, verbose: bool) -> Iterator[None]:
-    """Print how long the block took, when verbose."""
-    start = time.perf_counter()
-    yield
-    if verbose:
-        print(f"{step}: {time.perf_counter() - start:.2f}s")

@@ -21,14 +21,14 @@ from mmtx.pretrained.convert import (
     Tensors,
     activation_name,
     context_width,
-    extend_rows,
-    fold_context_projection,
     find_prefix,
-    first_rows,
+    fit_tables,
+    fold_context_projection,
     head_count,
     load_converted,
     mlp_ratio,
     new_cross_attention,
+    output_projection,
     setting,
     sub_config,
 )
@@ -80,7 +80,7 @@ def load_text_encoder(
     t.check_all_taken(BODY_IGNORED)
     kwargs = _body_kwargs(arch, t.source, vocab_size, pad_id, max_length, num_heads, dropout, attn_dropout)
     encoder = TextEncoder(**kwargs)
-    _fit_tables(converted, encoder, kwargs, t.source)
+    fit_tables(converted, encoder, kwargs, t.source)
     load_converted(encoder, converted, t.source)
     encoder.build_config = {"_target_": "mmtx.models.text.TextEncoder", **kwargs}
     log.info("%s: BERT encoder, width %d, %d layers, %d heads", t.source, arch["dim"], arch["depth"],
@@ -121,10 +121,7 @@ def bert_decoder(
                 converted[f"{ours}.{param}"] = head.take(f"{theirs}.{param}")
         converted["lm_head.bias"] = head.take("bias")
         if head.has("decoder.weight"):  # absent when tied (save_pretrained), present in older files
-            weight = head.take("decoder.weight")
-            tied = torch.equal(weight[0], body["token_embed.weight"][0])
-            if not tied:
-                converted["lm_head.weight"] = weight
+            tied = output_projection(converted, head.take("decoder.weight"))
         if head.has("decoder.bias"):  # older files store the bias twice
             bias, name = head.take("decoder.bias")
             if not torch.equal(bias, converted["lm_head.bias"][0]):
@@ -139,13 +136,7 @@ def bert_decoder(
         "head_transform": True, "head_bias": True,
     }  # fmt: skip
     decoder = CaptionDecoder(**kwargs)
-    _fit_tables(converted, decoder, kwargs, src, "body.")
-    if "lm_head.bias" in converted:
-        converted["lm_head.bias"] = extend_rows(converted["lm_head.bias"], kwargs["vocab_size"],
-                                                decoder.lm_head.bias.detach(), src, "the output bias")
-    if "lm_head.weight" in converted:
-        converted["lm_head.weight"] = extend_rows(converted["lm_head.weight"], kwargs["vocab_size"],
-                                                  decoder.lm_head.weight.detach(), src, "the output projection")
+    fit_tables(converted, decoder, kwargs, src, "body.")
     fresh = [] if cross else new_cross_attention(arch["depth"])
     fresh += [] if has_head else ["head_transform.", "lm_head.bias"]
     load_converted(decoder, converted, src, fresh)
@@ -220,11 +211,3 @@ def _body_kwargs(
         activation=arch["activation"], type_vocab_size=arch["type_vocab_size"], embed_norm=True,
     )  # fmt: skip
 
-
-def _fit_tables(converted: dict, module: torch.nn.Module, kwargs: dict[str, Any], source: str, at: str = "") -> None:
-    """Grow the word embeddings to the tokenizer's vocabulary; keep the positions needed."""
-    own = module.state_dict()
-    name = f"{at}token_embed.weight"
-    converted[name] = extend_rows(converted[name], kwargs["vocab_size"], own[name], source, "the vocabulary")
-    name = f"{at}pos_embed.weight"
-    converted[name] = first_rows(converted[name], kwargs["max_length"], source, "the position table")

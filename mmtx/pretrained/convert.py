@@ -283,3 +283,24 @@ def first_rows(table: tuple[Tensor, str], rows: int, source: str, what: str) -> 
         raise PretrainedError(f"{source}: {what} has {tensor.shape[0]} positions, max_length={rows} needs more")
     return tensor[:rows], name
 
+
+def fit_tables(converted: dict[str, tuple[Tensor, str]], module: nn.Module, kwargs: dict[str, Any], source: str,
+               at: str = "") -> None:
+    """Grow the word embeddings (and an untied output layer) to the tokenizer's vocabulary, the new
+    rows as ``module`` initialised them; keep the positions needed. ``at``: the tables' prefix."""
+    own = module.state_dict()
+    for name, what in ((f"{at}token_embed.weight", "the vocabulary"), ("lm_head.weight", "the output projection"),
+                       ("lm_head.bias", "the output bias")):
+        if name in converted:
+            converted[name] = extend_rows(converted[name], kwargs["vocab_size"], own[name], source, what)
+    name = f"{at}pos_embed.weight"
+    converted[name] = first_rows(converted[name], kwargs["max_length"], source, "the position table")
+
+
+def output_projection(converted: dict[str, tuple[Tensor, str]], weight: tuple[Tensor, str]) -> bool:
+    """Whether a checkpoint's output projection ``weight`` is its word embedding (tied); an untied
+    one is imported as ``lm_head.weight``."""
+    tied = torch.equal(weight[0], converted["body.token_embed.weight"][0])
+    if not tied:
+        converted["lm_head.weight"] = weight
+    return tied

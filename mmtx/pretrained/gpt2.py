@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
 from mmtx.models.decoder import CaptionDecoder
 from mmtx.pretrained.convert import (
     Tensors,
     activation_name,
     context_width,
-    extend_rows,
+    fit_tables,
     fold_context_projection,
-    first_rows,
     head_count,
     load_converted,
     mlp_ratio,
     new_cross_attention,
+    output_projection,
     setting,
     sub_config,
 )
@@ -80,10 +78,7 @@ def gpt2_decoder(
     head = t.at(parent)
     tied = True
     if head.has("lm_head.weight"):  # absent when tied (save_pretrained and the Hub's gpt2 files)
-        weight = head.take("lm_head.weight")
-        tied = torch.equal(weight[0], converted["body.token_embed.weight"][0])
-        if not tied:
-            converted["lm_head.weight"] = weight
+        tied = output_projection(converted, head.take("lm_head.weight"))
     t.check_all_taken([prefix[len(parent):] + pattern for pattern in IGNORED], within=parent)
 
     vocab, dim = converted["body.token_embed.weight"][0].shape
@@ -101,13 +96,7 @@ def gpt2_decoder(
         activation=activation_name(setting(config, "activation_function", "gelu_new"), src),
     )  # fmt: skip
     decoder = CaptionDecoder(**kwargs)
-    own = decoder.state_dict()
-    for name in ("body.token_embed.weight", "lm_head.weight"):
-        if name in converted:
-            converted[name] = extend_rows(converted[name], kwargs["vocab_size"], own[name], src, "the vocabulary")
-    converted["body.pos_embed.weight"] = first_rows(
-        converted["body.pos_embed.weight"], kwargs["max_length"], src, "the position table"
-    )
+    fit_tables(converted, decoder, kwargs, src, "body.")
     load_converted(decoder, converted, src, fresh=[] if cross else new_cross_attention(depth))
     decoder.build_config = {"_target_": "mmtx.models.decoder.CaptionDecoder", **kwargs}
     log.info("%s: GPT-2 decoder, width %d, %d blocks, %d heads, cross-attention %s",
