@@ -26,6 +26,7 @@ from mmtx.data.tokenizer import TokenizerError
 from mmtx.export import ExportError
 from mmtx.generation import GenerationConfig
 from mmtx.hardware import loader_workers, training_precision
+from mmtx.pretrained import PretrainedError
 
 log = logging.getLogger("mmtx")
 
@@ -42,7 +43,7 @@ OmegaConf.register_new_resolver("mmtx.loader_workers", loader_workers, replace=T
 # problems with the user's files or settings: reported in one line, not as a traceback
 USER_ERRORS = (
     AnnotationError, CheckpointError, ImageLoadError, TokenizerError, FileNotFoundError, NonFiniteLossError,
-    ConfigError, BadDataError, ExportError,
+    ConfigError, BadDataError, ExportError, PretrainedError,
 )
 
 

@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
 from mmtx.checkpoint import load_task
 from mmtx.cli.common import CONFIG_DIR, friendly_errors
 from mmtx.export import export_task
-from mmtx.pretrained import PretrainedError
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="export")
 @friendly_errors
 def main(cfg: DictConfig) -> None:
-    try:
-        out = export_task(load_task(cfg.ckpt), cfg.out)
-    except PretrainedError as e:  # ExportError is one of friendly_errors' user errors
-        sys.exit(f"mmtx: {e}")
+    out = export_task(load_task(cfg.ckpt), cfg.out)
     print(f"exported {cfg.ckpt} to {out}/ (model.safetensors, config.json, tokenizer.json)")
 
 

@@ -84,7 +84,6 @@ class CaptionTask(Task):
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["images"].shape[0], sync_dist=True)
         return loss
 
-
     # --- captions ------------------------------------------------------------------------------
     def caption(self, images: torch.Tensor, config: GenerationConfig | None = None) -> list[str]:
         """Generated captions for a batch of transformed images (B, 3, H, W)."""
@@ -141,7 +140,6 @@ class CaptionTask(Task):
         self.metrics = self.trainer.strategy.broadcast(metrics)
         self.log_dict({f"val/{k}": v for k, v in self.metrics.items()}, sync_dist=True)  # equal on every rank
         self.val_outputs = outputs  # all ranks' predictions, each image once
-
 
     def predictions(self) -> list[dict[str, Any]]:
         """The last evaluation's captions in the official results format."""

@@ -73,7 +73,6 @@ class AnswerTask(Task):
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["input_ids"]))
         return loss
 
-
     # --- validation ----------------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
         self.val_outputs = []

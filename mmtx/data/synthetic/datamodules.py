@@ -28,7 +28,6 @@ class GeneratedSplits:
     read: Callable[..., list[Any]]
     check: Callable[..., None]  # refuses a spec ``generate`` cannot draw: at construction, not in prepare_data
 
-
     def __init__(self, root: str, spec: dict[str, int], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.check(image_size=self.image_size, **spec)  # type: ignore[attr-defined]
