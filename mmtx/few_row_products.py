@@ -7,6 +7,11 @@ the same product on two rows. The models keep plain ``nn.Linear``; :func:`few_ro
 ``TorchFunctionMode`` that generation enters, rerouting only the ``F.linear`` calls it pays for
 (fp32 on the CPU, outside autocast, at most ``MAX_ROWS`` rows) and leaving every other call alone.
 The result is the same product; ``scripts/bench_linear.py`` measures what it gains (README).
+
+Whether it pays depends on the CPU: it did where torch runs AVX-512 kernels (an AMD EPYC with
+AVX512-BF16, a Xeon with AMX) and slowed one-image decoding where it runs AVX2 ones (an AMD EPYC
+without AVX-512: the 1-row products and the mode's per-call dispatch cost more than the few-row
+products gain). `pays_on_this_cpu` is that rule, generation's default.
 """
 
 from __future__ import annotations
@@ -27,6 +32,11 @@ def linear_few_rows(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Te
         x2 = x2.repeat(2, 1)
     y = weight @ x2.t() if bias is None else torch.addmm(bias[:, None], weight, x2.t())  # (out, rows)
     return y[:, :rows].t().contiguous().view(*x.shape[:-1], weight.shape[0])
+
+
+def pays_on_this_cpu() -> bool:
+    """Whether torch runs AVX-512 kernels here: the CPUs where the few-row layout was measured to pay."""
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
 def pays(x: Tensor, weight: Tensor) -> bool:

@@ -55,3 +55,25 @@ def test_what_pays():
     assert not pays(torch.randn(MAX_ROWS + 1, 16), w)
     assert not pays(torch.randn(0, 16), w)  # empty input: plain F.linear
     assert not pays(torch.randn(2, 16, dtype=torch.float64), w)
+
+
+@pytest.mark.parametrize("capability", ["AVX512", "AVX2"])
+def test_generation_reroutes_by_default_only_where_it_pays(monkeypatch, capability):
+    """Default (None): the few-row layout on CPUs with AVX-512 kernels, where it was measured to
+    pay, plain F.linear elsewhere; explicit true/false win; the tokens are the same every way."""
+    from mmtx.generation import GenerationConfig, generate
+    from tests.helpers import tiny_captioner
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    real, calls = linear_few_rows, []
+    monkeypatch.setattr("mmtx.few_row_products.linear_few_rows", lambda *a: calls.append(1) or real(*a))
+    model = tiny_captioner("learned")
+    context = model.encode(torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1)))
+    tokens = {}
+    for setting in (None, True, False):
+        calls.clear()
+        config = GenerationConfig(max_new_tokens=6, few_row_products=setting)
+        tokens[setting] = generate(model.decoder, context, bos_id=1, eos_id=2, pad_id=0, config=config)
+        rerouted = setting if setting is not None else capability == "AVX512"
+        assert bool(calls) == rerouted, setting
+    assert torch.equal(tokens[None], tokens[True]) and torch.equal(tokens[True], tokens[False])
