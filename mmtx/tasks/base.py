@@ -14,6 +14,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import FSDPStrategy
 
 from mmtx.checkpoint import DATA_KEY, TASK_KEY
+from mmtx.data.tokenizer import Tokenizer
 from mmtx.generation import GenerationConfig
 from mmtx.tasks.optim import build_optimizer
 
@@ -36,9 +37,15 @@ class Task(L.LightningModule):
     # ``from_data`` for a new run, read back from the checkpoint when resuming
     data_arguments: tuple[str, ...] = ()
 
-    def __init__(self, data_config: dict | None = None) -> None:
+    def __init__(self, tokenizer: str | None = None, data_config: dict | None = None) -> None:
+        """``tokenizer``: the tokenizer as JSON text (checkpoints carry it in the hyperparameters)."""
         super().__init__()
+        # every subclass's arguments too (Lightning walks the __init__s); the data config goes to DATA_KEY
+        self.save_hyperparameters(logger=False, ignore=["data_config"])
         self.data_config = data_config
+        self.tokenizer = Tokenizer.from_str(tokenizer) if tokenizer is not None else None
+        self.val_outputs: list[dict[str, Any]] = []  # what the validation steps collect
+        self.metrics = {}
 
     def check_text_length(self, tower: str, max_length: int) -> None:
         """The text tower ``model.<tower>`` must have positions for the data's ``max_length`` tokens."""
@@ -67,6 +74,9 @@ class Task(L.LightningModule):
     def baseline(self, datamodule: L.LightningDataModule) -> tuple[str, dict[str, float]]:
         """What the metrics would be without learning: a name and the same metric keys."""
         raise NotImplementedError
+
+    def on_validation_epoch_start(self) -> None:
+        self.val_outputs = []
 
     def configure_optimizers(self) -> dict:
         """AdamW and the warm-up/cosine schedule over the run's budget (:mod:`mmtx.tasks.optim`),

@@ -9,7 +9,6 @@ import lightning as L
 import torch
 from hydra.utils import instantiate
 
-from mmtx.data.tokenizer import Tokenizer
 from mmtx.attention_maps import attention_grid, caption_maps
 from mmtx.data.transforms import IMAGENET_MEAN, IMAGENET_STD, normalize_images
 from mmtx.generation import GenerationConfig, generate
@@ -55,10 +54,7 @@ class CaptionTask(Task):
         num_samples: int = 16,
         data_config: dict | None = None,
     ) -> None:
-        super().__init__(data_config)
-        # loggers get the whole run config from mmtx-train; the data config goes to DATA_KEY
-        self.save_hyperparameters(logger=False, ignore=["data_config"])
-        self.tokenizer = Tokenizer.from_str(tokenizer)
+        super().__init__(tokenizer, data_config)
         self.model: ImageCaptioner = instantiate(
             model, decoder={"vocab_size": self.tokenizer.vocab_size, "pad_id": self.tokenizer.pad_id}
         )
@@ -67,9 +63,7 @@ class CaptionTask(Task):
         if generation.get("max_new_tokens") is None:  # as long as the decoder's positions allow
             generation["max_new_tokens"] = self.model.decoder.max_length - 1
         self.generation = GenerationConfig(**generation)
-        self.val_outputs: list[dict[str, Any]] = []
         self.samples: list[dict[str, Any]] = []  # for loggers: image, prediction, references
-        self.metrics: dict[str, float] = {}  # the last validation's caption metrics
 
     # --- training ------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
@@ -109,7 +103,8 @@ class CaptionTask(Task):
 
     # --- validation / test ---------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
-        self.val_outputs, self.samples = [], []
+        super().on_validation_epoch_start()
+        self.samples = []
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         images = batch["images"]

@@ -10,7 +10,6 @@ import lightning as L
 import torch
 from hydra.utils import instantiate
 
-from mmtx.data.tokenizer import Tokenizer
 from mmtx.metrics.retrieval import retrieval_recall
 from mmtx.models.pretraining import OBJECTIVES, Objectives, TwoStreamPretrainer
 from mmtx.models.two_stream import Unimodal
@@ -42,9 +41,8 @@ class PretrainTask(Task):
         weight_decay: float = 0.05, betas: tuple[float, float] = (0.9, 0.98), warmup_ratio: float = 0.05,
         min_lr_ratio: float = 0.01, retrieval_images: int = 100, rerank: int = 16, data_config: dict | None = None,
     ) -> None:
-        super().__init__(data_config)
-        self.save_hyperparameters(logger=False, ignore=["data_config"])
-        self.tokenizer = tok = Tokenizer.from_str(tokenizer)
+        super().__init__(tokenizer, data_config)
+        tok = self.tokenizer
         self.objectives = Objectives(**(objectives or {}))
         self.model: TwoStreamPretrainer = instantiate(
             model, backbone={"text": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}},
@@ -52,8 +50,6 @@ class PretrainTask(Task):
             heads=[k for k in OBJECTIVES if getattr(self.objectives, k) > 0],  # the heads the losses use
         )
         self.check_text_length("backbone.text", self.model.backbone.text.max_length)
-        self.val_outputs: list[dict[str, Any]] = []
-        self.metrics: dict[str, float] = {}
         self._vision_rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self._captions_per_image: list[int] = []  # of the last retrieval evaluation
 
@@ -77,9 +73,6 @@ class PretrainTask(Task):
         return out["loss"]
 
     # --- validation ----------------------------------------------------------------------------
-    def on_validation_epoch_start(self) -> None:
-        self.val_outputs = []
-
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         images, B = batch["images"], batch["images"].shape[0]
         gen = torch.Generator(device=images.device).manual_seed(1000 + batch_idx)  # same negatives every time

@@ -46,14 +46,9 @@ class AnswerTask(Task):
         betas: tuple[float, float] = (0.9, 0.98), warmup_ratio: float = 0.05, min_lr_ratio: float = 0.01,
         data_config: dict | None = None,
     ) -> None:
-        super().__init__(data_config)
-        # the subclass's arguments too (Lightning walks the __init__s); the data config goes to DATA_KEY
-        self.save_hyperparameters(logger=False, ignore=["data_config"])
-        self.tokenizer = tok = Tokenizer.from_str(tokenizer)
-        self.model = instantiate(model, **self.model_arguments(tok))
+        super().__init__(tokenizer, data_config)
+        self.model = instantiate(model, **self.model_arguments(self.tokenizer))
         self.check_text_length("backbone.text", self.model.backbone.text.max_length)
-        self.val_outputs: list[dict[str, Any]] = []
-        self.metrics: dict[str, float] = {}
 
     def model_arguments(self, tok: Tokenizer) -> dict[str, Any]:
         """What the model config leaves to the data: vocabulary sizes, padding id."""
@@ -74,9 +69,6 @@ class AnswerTask(Task):
         return loss
 
     # --- validation ----------------------------------------------------------------------------
-    def on_validation_epoch_start(self) -> None:
-        self.val_outputs = []
-
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         if all(batch["answers"]):
             self.log("val/loss", self.loss(batch), prog_bar=True, batch_size=len(batch["input_ids"]), sync_dist=True)
