@@ -37,6 +37,7 @@ FORMAT, FORMAT_VERSION = "mmtx", 1
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.json"
 ALLOWED_TARGETS = "mmtx.models."  # the only code an exported config may name
 ALLOWED_TASKS = "mmtx.tasks."  # ... and the task that wraps it for the command-line tools
+MACHINE_SETTINGS = ("few_row_products",)  # decoding settings that belong to the machine, not the model
 
 
 class ExportError(ValueError):
@@ -84,8 +85,8 @@ def export_task(task: Any, out: str | Path) -> Path:
     if vision is not None:
         size = (getattr(task, "data_config", None) or {}).get("image_size") or vision.image_size
         info.update(image_size=size, image_mean=list(IMAGENET_MEAN), image_std=list(IMAGENET_STD))
-    if getattr(task, "generation", None) is not None:
-        info["generation"] = dataclasses.asdict(task.generation)
+    if getattr(task, "generation", None) is not None:  # less the CPU layout, the decoding machine's choice
+        info["generation"] = {k: v for k, v in dataclasses.asdict(task.generation).items() if k not in MACHINE_SETTINGS}
     if getattr(task, "answers", None):
         info["answers"] = list(task.answers)
     return export(model, task.tokenizer, out, model_config(task.hparams["model"], model), **info)
@@ -177,6 +178,8 @@ def task_from_export(path: str | Path) -> Any:
         raise ExportError(f"{path / CONFIG}: written by {name}, which this mmtx does not have ({e})") from e
     tokenizer = Tokenizer.from_file(path / TOKENIZER)
     arguments = {key: config[key] for key in ("answers", "generation") if key in config}
+    if "generation" in arguments:  # exports before MACHINE_SETTINGS recorded the then-default layout
+        arguments["generation"] = {k: v for k, v in arguments["generation"].items() if k not in MACHINE_SETTINGS}
     data_config = {"image_size": config["image_size"]} if "image_size" in config else None
     task = cls(model=config["model"], tokenizer=tokenizer.to_str(), data_config=data_config, **arguments)
     load_weights(task.model, _weights(path), str(path / WEIGHTS))

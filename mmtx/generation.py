@@ -40,8 +40,8 @@ class GenerationConfig:
     top_p: float = 1.0
     min_new_tokens: int = 0
     use_cache: bool = True
-    # fp32 CPU decoding computes its few-row products as (W x^T)^T (mmtx.few_row_products);
-    # None: where that was measured to pay (CPUs with AVX-512 kernels); false: plain F.linear
+    # true: fp32 CPU decoding computes its few-row products as (W x^T)^T (mmtx.few_row_products);
+    # false: plain F.linear; None: true where that was measured to pay (CPUs with AVX-512 kernels)
     few_row_products: bool | None = None
 
     def __post_init__(self) -> None:
@@ -158,8 +158,9 @@ def generate(
     banned = [t for t in dict.fromkeys([pad_id, bos_id]) if t != eos_id]
     step = _Stepper(decoder, context, context_mask, cfg.use_cache, max_length, banned)
     B = context.shape[0]
-    rerouted = pays_on_this_cpu() if cfg.few_row_products is None else cfg.few_row_products
-    speedup = few_row_products() if rerouted and context.device.type == "cpu" else nullcontext()
+    on_cpu = context.device.type == "cpu"
+    rerouted = on_cpu and (pays_on_this_cpu() if cfg.few_row_products is None else cfg.few_row_products)
+    speedup = few_row_products() if rerouted else nullcontext()
     with speedup:
         if cfg.num_beams > 1:
             return _beam_search(step, B, cfg, bos_id, eos_id, pad_id, context.device)

@@ -26,9 +26,10 @@ How the figures are measured
   ``data=webdataset`` and resized to ``--coco-size`` px: what converting a folder once buys.
 * On a machine with fewer cores than workers + 1 the workers compete with the main process; the
   figures say how fast the loader alone can go, not how much a training step is slowed.
-* ``--stages``: per image on one thread (what each loader worker has), the median milliseconds of
-  reading + decoding the file (`read_image`), of the resize to the model's size, and of a whole
-  example (the data set's item, the collator's share included); ``bound_vs_coco`` is the
+* ``--stages``: per image on one thread (what each loader worker has), the median over three
+  passes of the milliseconds of reading + decoding the file (`read_image`) and of the resize to
+  the model's size, each distinct image once, and of a whole example (the data set's item, the
+  collator's share included, over the first batches); ``bound_vs_coco`` is the
   folder's whole example over this loader's decode + resize alone: the most any cut of the
   Python around them could bring the loader's speed-up over the folder to.
 """
@@ -146,29 +147,41 @@ def stages(source: str, args: argparse.Namespace, tokenizer: Any) -> dict[str, f
     dm = make_datamodule(source, args, 0, tokenizer)
     dm.prepare_data()
     loader = dm.train_dataloader()
-    dataset, collate = loader.dataset, loader.collate_fn
-    count = max(1, min(len(dataset), args.batches * args.batch_size) // args.batch_size) * args.batch_size
-    sources = [dataset.dataset.image_path(i) for i in range(count)]
+    seeded, collate = loader.dataset, loader.collate_fn  # the loader's items are (index, seed) pairs
+    examples = seeded.dataset  # one example per (image, caption) pair: each image several times over
+    batches = max(1, min(len(examples), args.batches * args.batch_size) // args.batch_size)
+    paths = list(dict.fromkeys(examples.image_path(i) for i in range(len(examples))))  # each image once
+    paths = paths[: batches * args.batch_size]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
 
-    def median_ms(work: Any) -> float:
-        runs = []
-        for _ in range(3):
+    def per_image() -> tuple[float, float]:
+        """One pass over ``paths``: seconds decoding, seconds resizing (no decoded image is kept)."""
+        decode = resize = 0.0
+        for path in paths:
             start = time.perf_counter()
-            work()
-            runs.append((time.perf_counter() - start) / len(sources) * 1e3)
-        return round(statistics.median(runs), 3)
+            pixels = read_image(path)
+            decoded = time.perf_counter()
+            examples.transform(pixels)
+            decode, resize = decode + decoded - start, resize + time.perf_counter() - decoded
+        return decode, resize
+
+    def whole() -> float:
+        start = time.perf_counter()
+        for b in range(batches):
+            collate([seeded[(b * args.batch_size + j, 0)] for j in range(args.batch_size)])
+        return time.perf_counter() - start
+
+    def ms(seconds: list[float], items: int) -> float:
+        return round(statistics.median(seconds) / items * 1e3, 3)
 
     try:
-        decoded = [read_image(s) for s in sources]
+        passes = [per_image() for _ in range(3)]
         return {
-            "decode_ms": median_ms(lambda: [read_image(s) for s in sources]),
-            "resize_ms": median_ms(lambda: [dataset.dataset.transform(x) for x in decoded]),
-            "example_ms": median_ms(lambda: [
-                collate([dataset[(i + j, 0)] for j in range(args.batch_size)])
-                for i in range(0, count, args.batch_size)
-            ]),
+            "images": len(paths),
+            "decode_ms": ms([d for d, _ in passes], len(paths)),
+            "resize_ms": ms([r for _, r in passes], len(paths)),
+            "example_ms": ms([whole() for _ in range(3)], batches * args.batch_size),
         }
     finally:
         torch.set_num_threads(threads)
@@ -197,11 +210,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             log(f"{source}: {workers} worker(s)")
             entry[f"workers_{workers}"] = measure(source, args, tokenizer, workers)
         result[source] = entry
-    folder = result.get("coco", {}).get("stages")
-    for source in ("coco_shards",) if folder else ():
-        if "stages" in result.get(source, {}):
-            own = result[source]["stages"]
-            own["bound_vs_coco"] = round(folder["example_ms"] / (own["decode_ms"] + own["resize_ms"]), 2)
+    folder, shards = (result.get(source, {}).get("stages") for source in ("coco", "coco_shards"))
+    if folder and shards:
+        shards["bound_vs_coco"] = round(folder["example_ms"] / (shards["decode_ms"] + shards["resize_ms"]), 2)
     return result
 
 

@@ -7,6 +7,8 @@ refused naming the file.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import shutil
@@ -22,7 +24,7 @@ from omegaconf import OmegaConf
 
 from mmtx.checkpoint import DATA_KEY, TASK_KEY
 from mmtx.data.tokenizer import Tokenizer
-from mmtx.export import ExportError, export_task, load_exported
+from mmtx.export import ExportError, export_task, load_exported, task_from_export
 from mmtx.generation import GenerationConfig, generate
 from tests.helpers import TINY_TWO_STREAM, compose_train, write_gpt2, write_vit
 
@@ -104,6 +106,19 @@ def test_captioner_export_loads_back_identical_without_lightning(tmp_path: Path,
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ.copy())
     assert result.returncode == 0 and result.stdout.strip() == "ImageCaptioner", result.stderr[-2000:]
+
+
+def test_the_machines_decoding_layout_is_not_exported(tmp_path: Path, wordpiece: Tokenizer) -> None:
+    """few_row_products is the decoding CPU's choice: not written, and an older export's value (the
+    then-default true) is dropped on loading, so the machine that decodes decides."""
+    task = build_task(TINY_CAPTIONER, wordpiece)
+    task.generation = dataclasses.replace(task.generation, few_row_products=True)
+    out = export_task(task, tmp_path / "export")
+    config = json.loads((out / "config.json").read_text())
+    assert "few_row_products" not in config["generation"] and "num_beams" in config["generation"]
+    config["generation"]["few_row_products"] = True  # as exports written before the change have it
+    (out / "config.json").write_text(json.dumps(config))
+    assert task_from_export(out).generation.few_row_products is None
 
 
 @pytest.mark.parametrize("kind", ["vqa", "vqa_generative"])

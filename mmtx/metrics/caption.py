@@ -216,4 +216,3 @@ def _meteor_score(gts: dict[int, list[str]], res: dict[int, list[str]]) -> float
     finally:
         meteor.close()
     return float(score)
-

@@ -210,4 +210,3 @@ def _body_kwargs(
         norm_eps=arch["norm_eps"], pad_id=arch["pad_id"] if pad_id is None else pad_id, norm_first=False,
         activation=arch["activation"], type_vocab_size=arch["type_vocab_size"], embed_norm=True,
     )  # fmt: skip
-

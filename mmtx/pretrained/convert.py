@@ -287,7 +287,8 @@ def first_rows(table: tuple[Tensor, str], rows: int, source: str, what: str) -> 
 def fit_tables(converted: dict[str, tuple[Tensor, str]], module: nn.Module, kwargs: dict[str, Any], source: str,
                at: str = "") -> None:
     """Grow the word embeddings (and an untied output layer) to the tokenizer's vocabulary, the new
-    rows as ``module`` initialised them; keep the positions needed. ``at``: the tables' prefix."""
+    rows as ``module`` initialised them; keep the positions needed. ``at``: the prefix of the
+    embedding tables in ``module`` (``body.`` in a decoder); the output layer is ``lm_head``."""
     own = module.state_dict()
     for name, what in ((f"{at}token_embed.weight", "the vocabulary"), ("lm_head.weight", "the output projection"),
                        ("lm_head.bias", "the output bias")):

@@ -37,7 +37,7 @@ class Task(L.LightningModule):
     # ``from_data`` for a new run, read back from the checkpoint when resuming
     data_arguments: tuple[str, ...] = ()
 
-    def __init__(self, tokenizer: str | None = None, data_config: dict | None = None) -> None:
+    def __init__(self, *, tokenizer: str | None = None, data_config: dict | None = None) -> None:
         """``tokenizer``: the tokenizer as JSON text (checkpoints carry it in the hyperparameters)."""
         super().__init__()
         # every subclass's arguments too (Lightning walks the __init__s); the data config goes to DATA_KEY

@@ -54,7 +54,7 @@ class CaptionTask(Task):
         num_samples: int = 16,
         data_config: dict | None = None,
     ) -> None:
-        super().__init__(tokenizer, data_config)
+        super().__init__(tokenizer=tokenizer, data_config=data_config)
         self.model: ImageCaptioner = instantiate(
             model, decoder={"vocab_size": self.tokenizer.vocab_size, "pad_id": self.tokenizer.pad_id}
         )

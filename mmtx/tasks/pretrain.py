@@ -41,7 +41,7 @@ class PretrainTask(Task):
         weight_decay: float = 0.05, betas: tuple[float, float] = (0.9, 0.98), warmup_ratio: float = 0.05,
         min_lr_ratio: float = 0.01, retrieval_images: int = 100, rerank: int = 16, data_config: dict | None = None,
     ) -> None:
-        super().__init__(tokenizer, data_config)
+        super().__init__(tokenizer=tokenizer, data_config=data_config)
         tok = self.tokenizer
         self.objectives = Objectives(**(objectives or {}))
         self.model: TwoStreamPretrainer = instantiate(

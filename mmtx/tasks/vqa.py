@@ -46,7 +46,7 @@ class AnswerTask(Task):
         betas: tuple[float, float] = (0.9, 0.98), warmup_ratio: float = 0.05, min_lr_ratio: float = 0.01,
         data_config: dict | None = None,
     ) -> None:
-        super().__init__(tokenizer, data_config)
+        super().__init__(tokenizer=tokenizer, data_config=data_config)
         self.model = instantiate(model, **self.model_arguments(self.tokenizer))
         self.check_text_length("backbone.text", self.model.backbone.text.max_length)
 
