@@ -85,8 +85,8 @@ def export_task(task: Any, out: str | Path) -> Path:
     if vision is not None:
         size = (getattr(task, "data_config", None) or {}).get("image_size") or vision.image_size
         info.update(image_size=size, image_mean=list(IMAGENET_MEAN), image_std=list(IMAGENET_STD))
-    if getattr(task, "generation", None) is not None:  # less the CPU layout, the decoding machine's choice
-        info["generation"] = {k: v for k, v in dataclasses.asdict(task.generation).items() if k not in MACHINE_SETTINGS}
+    if getattr(task, "generation", None) is not None:
+        info["generation"] = _model_settings(dataclasses.asdict(task.generation))
     if getattr(task, "answers", None):
         info["answers"] = list(task.answers)
     return export(model, task.tokenizer, out, model_config(task.hparams["model"], model), **info)
@@ -138,6 +138,11 @@ def _constructor_parameters(target: Any) -> dict[str, Any]:
     return names
 
 
+def _model_settings(generation: Mapping[str, Any]) -> dict[str, Any]:
+    """Decoding settings less `MACHINE_SETTINGS` (the CPU layout: the decoding machine's choice)."""
+    return {k: v for k, v in generation.items() if k not in MACHINE_SETTINGS}
+
+
 def _vision_tower(model: nn.Module) -> nn.Module | None:
     for path in ("encoder", "backbone.vision"):
         module: Any = model
@@ -179,7 +184,7 @@ def task_from_export(path: str | Path) -> Any:
     tokenizer = Tokenizer.from_file(path / TOKENIZER)
     arguments = {key: config[key] for key in ("answers", "generation") if key in config}
     if "generation" in arguments:  # exports before MACHINE_SETTINGS recorded the then-default layout
-        arguments["generation"] = {k: v for k, v in arguments["generation"].items() if k not in MACHINE_SETTINGS}
+        arguments["generation"] = _model_settings(arguments["generation"])
     data_config = {"image_size": config["image_size"]} if "image_size" in config else None
     task = cls(model=config["model"], tokenizer=tokenizer.to_str(), data_config=data_config, **arguments)
     load_weights(task.model, _weights(path), str(path / WEIGHTS))
