@@ -8,34 +8,40 @@ leaves half a data set, and a folder that is not such a data set is never overwr
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
+
 
 def build_once(
-    root: Path, meta: dict[str, Any], files: Iterable[Path], build: Callable[[Path], None], what: str
-) -> bool:
-    """Make ``root`` hold the data set ``meta`` describes, calling ``build(staging)`` if it must.
+    root: Path, meta: dict[str, Any], files: Iterable[Path], build: Callable[[Path, dict[str, Any]], None], what: str
+) -> None:
+    """Make ``root`` hold the data set ``meta`` describes, calling ``build(staging, meta)`` if it must.
 
     ``files`` are the paths a complete data set has under ``root``; ``what`` names the data set
-    in errors. Returns True when the data set was built, False when an existing one was reused.
+    in errors and in the log.
     """
     files = list(files)
     if _read_meta(root, meta["format"]) == meta and all(p.exists() for p in files):
-        return False
+        log.info("reusing the %s at %s", what, root)
+        return
     _check_replaceable(root, meta["format"], what)
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
+    start = time.perf_counter()
     try:
-        build(staging)
+        build(staging, meta)
         (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         if _read_meta(root, meta["format"]) == meta and all(p.exists() for p in files):
-            return True  # another process finished the same data set first
+            return  # another process finished the same data set first
         _check_replaceable(root, meta["format"], what)
         stale = None
         if root.is_dir() and any(root.iterdir()):
@@ -48,7 +54,7 @@ def build_once(
             shutil.rmtree(stale, ignore_errors=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already after a successful install
-    return True
+    log.info("wrote the %s to %s in %.1f s", what, root, time.perf_counter() - start)
 
 
 def _read_meta(root: Path, fmt: str) -> dict[str, Any] | None:

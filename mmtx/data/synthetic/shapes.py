@@ -20,14 +20,13 @@ true relations (n-gram metrics such as CIDEr reward fluent but wrong captions to
 from __future__ import annotations
 
 import json
-import logging
 import os
 import random
 import re
 import sys
-import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -37,8 +36,6 @@ from tqdm import tqdm
 
 from mmtx.data.captions.files import CaptionRecord, write_coco_captions
 from mmtx.data.synthetic.build import build_once
-
-log = logging.getLogger(__name__)
 
 COLORS: dict[str, tuple[int, int, int]] = {
     "red": (220, 40, 40),
@@ -53,6 +50,7 @@ SIZES: tuple[str, ...] = ("small", "large")
 RELATIONS: tuple[str, ...] = ("left", "right", "above", "below")
 RELATION_RATIO = 2.0  # the dominant axis offset must be at least this times the other one
 MAX_CAPTION_WORDS = 16
+MIN_IMAGE_SIZE = 32  # the smallest scenes drawn
 
 # Half the side of a shape's bounding square, as a fraction of the image size. Small and
 # large do not overlap (at most 0.08 vs at least 0.15), so "small" / "large" is never a guess.
@@ -90,6 +88,7 @@ _FORMAT = "mmtx-shapes"
 _FORMAT_VERSION = 1  # bump when drawing or captioning changes, so cached data sets are rebuilt
 _VAL_ID_BASE = 10_000_000  # val image ids start here: unique across splits and stable
 _ID_BASES = {"train": 0, "val": _VAL_ID_BASE}  # image id = base + index + 1
+MAX_SPLIT_SIZE = _VAL_ID_BASE - 1  # the most images a split may have: train ids stay below val ones
 
 # Reading captions back (`caption_is_correct`): words in the generator's phrases, by meaning.
 _WORD = re.compile(r"[a-z0-9]+")  # lowercase words; punctuation only separates them
@@ -164,8 +163,8 @@ def draw_scene(
 
     Everything comes from `rng`, so the same seed gives the same pixels and captions.
     """
-    if image_size < 32:
-        raise ValueError(f"image_size must be at least 32 pixels for shapes scenes, got {image_size}")
+    if image_size < MIN_IMAGE_SIZE:
+        raise ValueError(f"image_size must be at least {MIN_IMAGE_SIZE} pixels for shapes scenes, got {image_size}")
     scene = _sample_scene(rng, image_size)
     image = _render(scene, rng)
     return image, describe_scene(scene, rng, num_captions), scene
@@ -192,13 +191,10 @@ def describe_scene(scene: Scene, rng: random.Random, num_captions: int = 5) -> l
     return captions
 
 
-MIN_IMAGE_SIZE = 32  # the smallest scenes drawn
-
-
 def check_spec(num_train: int, num_val: int, image_size: int, captions_per_image: int, **_: Any) -> None:
     """Refuse counts and sizes `generate_shapes` cannot draw, before anything is drawn."""
-    check_int("num_train", num_train, 0, _VAL_ID_BASE - 1)  # val ids start at _VAL_ID_BASE
-    check_int("num_val", num_val, 0, _VAL_ID_BASE - 1)
+    check_int("num_train", num_train, 0, MAX_SPLIT_SIZE)
+    check_int("num_val", num_val, 0, MAX_SPLIT_SIZE)
     check_int("image_size", image_size, MIN_IMAGE_SIZE)
     check_int("captions_per_image", captions_per_image, 1)
 
@@ -220,33 +216,18 @@ def generate_shapes(
     """Write (or reuse) a shapes data set under `root` in the official COCO captions format.
 
     Layout: ``train/*.png``, ``val/*.png``, ``captions_train.json``, ``captions_val.json``
-    and ``meta.json``. If ``meta.json`` already records these parameters the data set is
-    reused as is. Otherwise it is built in a temporary sibling directory and moved into
-    place at the end, so an interrupted run never leaves a half-written data set; an
-    existing shapes data set with other parameters is replaced, any other non-empty
-    directory is refused. Each image is drawn from its own seed derived from
-    (seed, split, index), so train and val never share a random stream.
+    and ``meta.json``, built (or reused when ``meta.json`` records these parameters) by
+    `mmtx.data.synthetic.build.build_once`. Each image is drawn from its own seed derived
+    from (seed, split, index), so train and val never share a random stream.
 
     Returns {"train": (annotations_json, images_dir), "val": (annotations_json, images_dir)}.
     """
     root = Path(root)
     check_spec(num_train, num_val, image_size, captions_per_image)
-    meta = {
-        "format": _FORMAT,
-        "version": _FORMAT_VERSION,
-        "num_train": num_train,
-        "num_val": num_val,
-        "image_size": image_size,
-        "seed": seed,
-        "captions_per_image": captions_per_image,
-    }
-    layout = {split: (root / f"captions_{split}.json", root / split) for split in ("train", "val")}
-    start = time.perf_counter()
-    files = [path for paths in layout.values() for path in paths]
-    if build_once(root, meta, files, lambda staging: _build(staging, meta), "shapes data set"):
-        log.info("wrote %d shapes images to %s in %.1f s", num_train + num_val, root, time.perf_counter() - start)
-    else:
-        log.info("reusing shapes data set at %s", root)
+    meta = dict(format=_FORMAT, version=_FORMAT_VERSION, num_train=num_train, num_val=num_val,
+                image_size=image_size, seed=seed, captions_per_image=captions_per_image)
+    layout = {split: (root / f"captions_{split}.json", root / split) for split in _ID_BASES}
+    build_once(root, meta, chain.from_iterable(layout.values()), _build, "shapes data set")
     return layout
 
 
@@ -258,12 +239,10 @@ def scenes_for(split: str, count: int, image_size: int, seed: int) -> dict[int, 
     recomputed from (seed, split, index, image_size) without drawing any pixels.
     """
     _id_base(split)  # a clear error for an unknown split
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise ValueError(f"count must be an int >= 0, got {count!r}")
-    if image_size < 32:
-        raise ValueError(f"image_size must be at least 32 pixels for shapes scenes, got {image_size}")
+    check_int("count", count, 0)
+    check_int("image_size", image_size, MIN_IMAGE_SIZE)
     return {
-        _image_id(split, index): _sample_scene(_image_rng(seed, split, index), image_size)
+        _image_id(split, index): _sample_scene(_image_rng(_FORMAT, seed, split, index), image_size)
         for index in range(count)
     }
 
@@ -340,10 +319,21 @@ def _image_id(split: str, index: int) -> int:
     return _id_base(split) + index + 1
 
 
-def _image_rng(seed: int, split: str, index: int) -> random.Random:
-    """The random stream the `index`-th image of `split` is drawn from: its own, so the
-    splits never share one and any image (or just its scene) can be redrawn alone."""
-    return random.Random(f"{_FORMAT}/{seed}/{split}/{index}")  # str seeds hash stably
+def _image_rng(fmt: str, seed: int, split: str, index: int) -> random.Random:
+    """The random stream the `index`-th image of `split` of a data set of format `fmt` is drawn
+    from: its own, so the splits never share one and any image (or just its scene) can be redrawn alone."""
+    return random.Random(f"{fmt}/{seed}/{split}/{index}")  # str seeds hash stably
+
+
+def drawn_images(staging: Path, meta: Mapping[str, Any], desc: str) -> Iterator[tuple[str, int, random.Random]]:
+    """(split, image id, random stream) of each image of both splits of the data set `meta`
+    describes, in order, under a progress bar; makes each split's images folder in `staging`."""
+    with tqdm(total=meta["num_train"] + meta["num_val"], desc=desc, unit="img", file=sys.stderr) as bar:
+        for split in _ID_BASES:
+            (staging / split).mkdir()
+            for index in range(meta[f"num_{split}"]):
+                yield split, _image_id(split, index), _image_rng(meta["format"], meta["seed"], split, index)
+                bar.update()
 
 
 def _sample_scene(rng: random.Random, image_size: int) -> Scene:
@@ -478,21 +468,14 @@ def _relations_hold(items: list[_NounPhrase | str], scene: Scene, index: dict[st
 
 def _build(staging: Path, meta: dict[str, Any]) -> None:
     """Draw every image of both splits into `staging` and write their annotation files."""
-    image_size, seed, per_image = meta["image_size"], meta["seed"], meta["captions_per_image"]
-    total = meta["num_train"] + meta["num_val"]
-    with tqdm(total=total, desc="shapes scenes", unit="img", file=sys.stderr) as bar:
-        for split in _ID_BASES:
-            images_dir = staging / split
-            images_dir.mkdir()
-            records = []
-            for index in range(meta[f"num_{split}"]):
-                image, captions, _ = draw_scene(_image_rng(seed, split, index), image_size, per_image)
-                image_id = _image_id(split, index)
-                path = images_dir / f"{image_id:08d}.png"
-                image.save(path, format="PNG", compress_level=1)
-                records.append(CaptionRecord(image_id, path, tuple(captions)))
-                bar.update()
-            sizes = {record.image_id: (image_size, image_size) for record in records}
-            info = {"description": f"mmtx shapes scenes, {split} split", "version": _FORMAT_VERSION}
-            annotations = staging / f"captions_{split}.json"
-            write_coco_captions(records, annotations, images_dir, sizes=sizes, info=info)
+    image_size = meta["image_size"]
+    records: dict[str, list[CaptionRecord]] = {split: [] for split in _ID_BASES}
+    for split, image_id, rng in drawn_images(staging, meta, "shapes scenes"):
+        image, captions, _ = draw_scene(rng, image_size, meta["captions_per_image"])
+        path = staging / split / f"{image_id:08d}.png"
+        image.save(path, format="PNG", compress_level=1)
+        records[split].append(CaptionRecord(image_id, path, tuple(captions)))
+    for split, written in records.items():
+        sizes = {record.image_id: (image_size, image_size) for record in written}
+        info = {"description": f"mmtx shapes scenes, {split} split", "version": _FORMAT_VERSION}
+        write_coco_captions(written, staging / f"captions_{split}.json", staging / split, sizes=sizes, info=info)

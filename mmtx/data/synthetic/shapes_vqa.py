@@ -19,21 +19,17 @@ official accuracy serve it like the real data set.
 
 from __future__ import annotations
 
-import logging
 import os
 import random
-import sys
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from mmtx.data.synthetic.build import build_once
-from mmtx.data.synthetic.shapes import COLORS, KINDS, MIN_IMAGE_SIZE, SIZES, Scene, check_int, draw_scene
+from mmtx.data.synthetic.shapes import COLORS, KINDS, MAX_SPLIT_SIZE, MIN_IMAGE_SIZE, SIZES, Scene, check_int
+from mmtx.data.synthetic.shapes import draw_scene, drawn_images
 from mmtx.data.vqa.files import VqaRecord, write_vqa
-
-log = logging.getLogger(__name__)
 
 ANSWERS_PER_QUESTION = 10
 MAX_QUESTIONS_PER_IMAGE = 10  # every scene has well over this many answerable questions
@@ -54,7 +50,6 @@ _OPPOSITE = {"left": "right", "right": "left", "above": "below", "below": "above
 _FORMAT = "mmtx-shapes-vqa"
 # Bump when questions, answers or the scenes of mmtx.data.synthetic.shapes change, so cached sets are rebuilt.
 _FORMAT_VERSION = 1
-_VAL_ID_BASE = 10_000_000  # val image ids start here: unique across splits and stable
 _QUESTION_ID_STRIDE = 1000  # question id = image id * 1000 + index, as in VQA v2
 
 
@@ -107,8 +102,8 @@ def ask_about_scene(scene: Scene, rng: random.Random, count: int = 5) -> list[Sh
 
 def check_spec(num_train: int, num_val: int, image_size: int, questions_per_image: int, **_: Any) -> None:
     """Refuse counts and sizes `generate_shapes_vqa` cannot draw, before anything is drawn."""
-    check_int("num_train", num_train, 0, _VAL_ID_BASE - 1)  # val ids start at _VAL_ID_BASE
-    check_int("num_val", num_val, 0, _VAL_ID_BASE - 1)
+    check_int("num_train", num_train, 0, MAX_SPLIT_SIZE)
+    check_int("num_val", num_val, 0, MAX_SPLIT_SIZE)
     check_int("image_size", image_size, MIN_IMAGE_SIZE)
     check_int("questions_per_image", questions_per_image, 1, MAX_QUESTIONS_PER_IMAGE)
 
@@ -124,11 +119,8 @@ def generate_shapes_vqa(
     """Write (or reuse) a shapes VQA data set under `root` in the official VQA v2 format.
 
     Layout: ``train/*.png``, ``val/*.png`` (named by the 12-digit image id),
-    ``questions_{split}.json``, ``annotations_{split}.json`` and ``meta.json``. A data set whose
-    ``meta.json`` records these parameters is reused as is; otherwise it is built in a
-    temporary sibling directory and moved into place at the end, so an interrupted run never
-    leaves half a data set. An older shapes VQA set is replaced, any other non-empty directory
-    refused. Each image and its questions come from their own seed (seed, split, index).
+    ``questions_{split}.json``, ``annotations_{split}.json`` and ``meta.json``, built or reused
+    by `build_once`. Each image and its questions come from their own seed (seed, split, index).
 
     Returns {split: (questions_json, annotations_json, images_dir)} for "train" and "val".
     """
@@ -140,11 +132,7 @@ def generate_shapes_vqa(
         split: (root / f"questions_{split}.json", root / f"annotations_{split}.json", root / split)
         for split in ("train", "val")
     }
-    files = [path for paths in layout.values() for path in paths]
-    if build_once(root, meta, files, lambda staging: _build(staging, meta), "shapes VQA data set"):
-        log.info("wrote %d shapes VQA images to %s", num_train + num_val, root)
-    else:
-        log.info("reusing shapes VQA data set at %s", root)
+    build_once(root, meta, chain.from_iterable(layout.values()), _build, "shapes VQA data set")
     return layout
 
 
@@ -194,10 +182,7 @@ def _candidates(scene: Scene) -> list[_Candidate]:
         found.append(_Candidate("size of shape", f"what size is the {s.color} {s.kind}?", s.size, "other",
                                 "what size is the", _SIZE_SYNONYMS[s.size], other_size))
 
-    for i, j in ((i, j) for i in range(len(shapes)) for j in range(len(shapes)) if i != j):
-        relation = scene.relation(i, j)
-        if relation is None:
-            continue
+    for i, relation, j in scene.relations():
         for asked in (relation, _OPPOSITE[relation]):
             yes_no("relation", f"is the {names[i]} {_RELATION_WORDS[asked]} the {names[j]}?", "is the",
                    asked == relation)
@@ -236,23 +221,15 @@ def _annotate(candidate: _Candidate, rng: random.Random) -> tuple[str, ...]:
 
 def _build(staging: Path, meta: dict[str, Any]) -> None:
     """Draw every image of both splits into `staging` and write their question/annotation files."""
-    image_size, seed, per_image = meta["image_size"], meta["seed"], meta["questions_per_image"]
-    splits = (("train", meta["num_train"], 0), ("val", meta["num_val"], _VAL_ID_BASE))
-    with tqdm(total=meta["num_train"] + meta["num_val"], desc="shapes VQA", unit="img", file=sys.stderr) as bar:
-        for split, count, id_base in splits:
-            images_dir = staging / split
-            images_dir.mkdir()
-            records = []
-            for index in range(count):
-                rng = random.Random(f"{_FORMAT}/{seed}/{split}/{index}")  # str seeds hash stably
-                image, _, scene = draw_scene(rng, image_size, num_captions=1)
-                image_id = id_base + index + 1
-                path = images_dir / f"{image_id:012d}.png"
-                image.save(path, format="PNG", compress_level=1)
-                for k, q in enumerate(ask_about_scene(scene, rng, per_image)):
-                    question_id = image_id * _QUESTION_ID_STRIDE + k
-                    records.append(VqaRecord(question_id, image_id, path, q.question, q.answers,
-                                             q.answer_type, q.question_type))
-                bar.update()
-            write_vqa(records, staging / f"questions_{split}.json", staging / f"annotations_{split}.json",
-                      data_subtype=f"shapes_{split}")
+    records: dict[str, list[VqaRecord]] = {"train": [], "val": []}
+    for split, image_id, rng in drawn_images(staging, meta, "shapes VQA"):
+        image, _, scene = draw_scene(rng, meta["image_size"], num_captions=1)
+        path = staging / split / f"{image_id:012d}.png"
+        image.save(path, format="PNG", compress_level=1)
+        for k, q in enumerate(ask_about_scene(scene, rng, meta["questions_per_image"])):
+            question_id = image_id * _QUESTION_ID_STRIDE + k
+            records[split].append(VqaRecord(question_id, image_id, path, q.question, q.answers,
+                                            q.answer_type, q.question_type))
+    for split, written in records.items():
+        write_vqa(written, staging / f"questions_{split}.json", staging / f"annotations_{split}.json",
+                  data_subtype=f"shapes_{split}")
