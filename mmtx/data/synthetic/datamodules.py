@@ -18,18 +18,24 @@ from mmtx.data.vqa.files import read_vqa
 
 
 class GeneratedSplits:
-    """What a data module of drawn scenes adds: its train and val splits are generated under
-    ``root`` (once, in ``prepare_data``) and read like the official files they are written as.
+    """What a data module of drawn scenes adds: its train and val splits of ``num_train`` and
+    ``num_val`` scenes are generated from ``seed`` under ``root`` (once, in ``prepare_data``) and
+    read like the official files they are written as.
 
-    ``generate(root, image_size=..., **spec)`` returns each split's file arguments for ``read``.
+    ``generate(root, image_size=..., **spec)`` returns each split's file arguments for ``read``;
+    ``per_image`` adds the subclass's count per image to ``spec``.
     """
 
     generate: Callable[..., dict[str, tuple[Path, ...]]]
     read: Callable[..., list[Any]]
     check: Callable[..., None]  # refuses a spec ``generate`` cannot draw: at construction, not in prepare_data
 
-    def __init__(self, root: str, spec: dict[str, int], **kwargs: Any) -> None:
+    def __init__(
+        self, root: str, num_train: int = 8000, num_val: int = 500, seed: int = 0, *,
+        per_image: dict[str, int], **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
+        spec = dict(num_train=num_train, num_val=num_val, seed=seed, **per_image)
         self.check(image_size=self.image_size, **spec)  # type: ignore[attr-defined]
         self.root, self.spec = Path(root), spec
         self._files: dict[str, tuple[Path, ...]] | None = None
@@ -57,12 +63,8 @@ class ShapesCaptions(GeneratedSplits, CaptionDataModule):
 
     generate, read, check = staticmethod(generate_shapes), staticmethod(read_coco_captions), staticmethod(shapes_spec)
 
-    def __init__(
-        self, root: str, num_train: int = 8000, num_val: int = 500, seed: int = 0,
-        captions_per_image: int = 5, **kwargs: Any,
-    ) -> None:
-        spec = dict(num_train=num_train, num_val=num_val, seed=seed, captions_per_image=captions_per_image)
-        super().__init__(root, spec, **kwargs)
+    def __init__(self, root: str, *, captions_per_image: int = 5, **kwargs: Any) -> None:
+        super().__init__(root, per_image={"captions_per_image": captions_per_image}, **kwargs)
         self._scenes: dict[str, dict[int, Scene]] = {}  # ground truth of each split's images, by id
 
     def score_captions(self, split: str, predictions: dict[int, str]) -> dict[str, float]:
@@ -79,9 +81,5 @@ class ShapesVqa(GeneratedSplits, VqaDataModule):
 
     generate, read, check = staticmethod(generate_shapes_vqa), staticmethod(read_vqa), staticmethod(shapes_vqa_spec)
 
-    def __init__(
-        self, root: str, num_train: int = 8000, num_val: int = 500, seed: int = 0,
-        questions_per_image: int = 5, **kwargs: Any,
-    ) -> None:
-        spec = dict(num_train=num_train, num_val=num_val, seed=seed, questions_per_image=questions_per_image)
-        super().__init__(root, spec, **kwargs)
+    def __init__(self, root: str, *, questions_per_image: int = 5, **kwargs: Any) -> None:
+        super().__init__(root, per_image={"questions_per_image": questions_per_image}, **kwargs)
