@@ -26,7 +26,7 @@ import re
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, permutations
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -148,12 +148,8 @@ class Scene:
 
     def relations(self) -> list[tuple[int, str, int]]:
         """All clear relations as (i, relation, j), both orders of each pair included."""
-        found = []
-        for i in range(len(self.shapes)):
-            for j in range(len(self.shapes)):
-                if i != j and (rel := self.relation(i, j)) is not None:
-                    found.append((i, rel, j))
-        return found
+        pairs = permutations(range(len(self.shapes)), 2)
+        return [(i, rel, j) for i, j in pairs if (rel := self.relation(i, j)) is not None]
 
 
 def draw_scene(
@@ -254,10 +250,7 @@ def shapes_val_scenes(source: str | os.PathLike | Mapping[str, Any], split: str 
     of another format version may have been drawn differently, so they are refused.
     """
     _id_base(split)
-    if isinstance(source, Mapping):
-        meta = source
-    else:
-        meta = json.loads((Path(source) / "meta.json").read_text(encoding="utf-8"))
+    meta = source if isinstance(source, Mapping) else json.loads(Path(source, "meta.json").read_text(encoding="utf-8"))
     if not isinstance(meta, Mapping) or (meta.get("format"), meta.get("version")) != (_FORMAT, _FORMAT_VERSION):
         raise ValueError(f"{source!r} does not describe a {_FORMAT} data set of version {_FORMAT_VERSION}")
     return scenes_for(split, meta[f"num_{split}"], meta["image_size"], meta["seed"])

@@ -39,7 +39,6 @@ _WRONG_RATE = 0.1  # an annotator answers wrongly
 _SYNONYM_RATE = 0.1  # a right annotator words the answer differently
 _MAX_DISSENT = 4  # at most this many of the ten answers differ from the right one
 
-_PLURALS = {"circle": "circles", "square": "squares", "triangle": "triangles"}
 _NUMBER_WORDS = {0: ("none", "zero"), 1: ("one",), 2: ("two",), 3: ("three",)}  # scenes hold 1-3 shapes
 _KIND_SYNONYMS = {"circle": ("ball",), "square": ("box",), "triangle": ()}
 _SIZE_SYNONYMS = {"small": ("little", "tiny"), "large": ("big",)}
@@ -94,9 +93,7 @@ def ask_about_scene(scene: Scene, rng: random.Random, count: int = 5) -> list[Sh
         chosen = rng.choice([c for c in options if c.family == family])
         pool.remove(chosen)
         answers = _annotate(chosen, rng)
-        asked.append(
-            ShapesQuestion(chosen.question, chosen.answer, answers, chosen.answer_type, chosen.question_type)
-        )
+        asked.append(ShapesQuestion(chosen.question, chosen.answer, answers, chosen.answer_type, chosen.question_type))
     return asked
 
 
@@ -157,7 +154,7 @@ def _candidates(scene: Scene) -> list[_Candidate]:
 
     count("count all", "how many shapes are there?", len(shapes))
     for kind in KINDS:
-        count("count kind", f"how many {_PLURALS[kind]} are there?", sum(s.kind == kind for s in shapes))
+        count("count kind", f"how many {kind}s are there?", sum(s.kind == kind for s in shapes))
         yes_no("exists kind", f"is there a {kind}?", "is there a", any(s.kind == kind for s in shapes))
     for size in SIZES:
         count("count size", f"how many {size} shapes are there?", sum(s.size == size for s in shapes))
