@@ -159,8 +159,7 @@ def draw_scene(
 
     Everything comes from `rng`, so the same seed gives the same pixels and captions.
     """
-    if image_size < MIN_IMAGE_SIZE:
-        raise ValueError(f"image_size must be at least {MIN_IMAGE_SIZE} pixels for shapes scenes, got {image_size}")
+    check_int("image_size", image_size, MIN_IMAGE_SIZE)
     scene = _sample_scene(rng, image_size)
     image = _render(scene, rng)
     return image, describe_scene(scene, rng, num_captions), scene
@@ -171,8 +170,7 @@ def describe_scene(scene: Scene, rng: random.Random, num_captions: int = 5) -> l
 
     When the scene has a clear relation, at least one caption states one.
     """
-    if num_captions < 1:
-        raise ValueError(f"num_captions must be at least 1, got {num_captions}")
+    check_int("num_captions", num_captions, 1)
     relations = scene.relations()
     captions: list[str] = []
     attempts = 0
