@@ -192,10 +192,8 @@ def check_image(path: str | os.PathLike) -> str | None:
 
 
 def scan_images(paths: Iterable[str | os.PathLike], desc: str = "checking images") -> dict[Path, str]:
-    """``{path: reason}`` for each of ``paths`` that `check_image` finds bad (each path once).
-
-    Runs on a few threads with a progress bar on the terminal (none when output is redirected).
-    """
+    """``{path: reason}`` for each of ``paths`` that `check_image` finds bad (each path once),
+    checked on a few threads with a progress bar (`map_images`)."""
     unique = list(dict.fromkeys(Path(p) for p in paths))
     problems = map_images(check_image, unique, min(_SCAN_THREADS, max(1, len(unique) // 64)), desc)
     return {path: problem for path, problem in zip(unique, problems) if problem is not None}
