@@ -17,11 +17,11 @@ from __future__ import annotations
 import io
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Union
+from typing import BinaryIO, TypeVar, Union
 
 import numpy as np
 import torch
@@ -84,6 +84,8 @@ class FileSlice:
 
 
 ImageSource = Union[str, os.PathLike, FileSlice]
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class ImageLoadError(Exception):
@@ -138,18 +140,15 @@ def read_image(path: ImageSource) -> torch.Tensor:
     try:
         with Image.open(file) as img:  # the header only
             fast = _decoded_alike(img)
+        if fast:
+            data = file if isinstance(file, Path) else torch.frombuffer(bytearray(file.getvalue()), dtype=torch.uint8)
+            return decode_image(data, mode="RGB")
     except Exception as err:  # as in load_image: decoders raise many types
         raise ImageLoadError(path, f"{type(err).__name__}: {err}") from err
-    if not fast:
-        if isinstance(file, Path):
-            return pil_to_tensor(load_image(file))
-        file.seek(0)  # a slice's bytes, already read
-        return pil_to_tensor(_decoded_by_pillow(path, file))
-    try:
-        encoded = file if isinstance(file, Path) else torch.frombuffer(bytearray(file.getvalue()), dtype=torch.uint8)
-        return decode_image(encoded, mode="RGB")
-    except Exception as err:
-        raise ImageLoadError(path, f"{type(err).__name__}: {err}") from err
+    if isinstance(file, Path):
+        return pil_to_tensor(load_image(file))
+    file.seek(0)  # a slice's bytes, already read
+    return pil_to_tensor(_decoded_by_pillow(path, file))
 
 
 def _decoded_alike(img: Image.Image) -> bool:
@@ -193,21 +192,22 @@ def check_image(path: str | os.PathLike) -> str | None:
 
 
 def scan_images(paths: Iterable[str | os.PathLike], desc: str = "checking images") -> dict[Path, str]:
-    """``{path: reason}`` for each of ``paths`` that `check_image` finds bad (each path once).
-
-    Runs on a few threads with a progress bar on the terminal (none when output is redirected).
-    """
+    """``{path: reason}`` for each of ``paths`` that `check_image` finds bad (each path once),
+    checked on a few threads with a progress bar (`map_images`)."""
     unique = list(dict.fromkeys(Path(p) for p in paths))
-    bad: dict[Path, str] = {}
-    threads = min(_SCAN_THREADS, os.cpu_count() or 1, max(1, len(unique) // 64))
-    with ThreadPoolExecutor(threads) as pool, tqdm(
-        total=len(unique), desc=desc, unit="img", file=sys.stderr, disable=None, leave=False
+    problems = map_images(check_image, unique, min(_SCAN_THREADS, max(1, len(unique) // 64)), desc)
+    return {path: problem for path, problem in zip(unique, problems) if problem is not None}
+
+
+def map_images(fn: Callable[[T], R], items: list[T], max_threads: int, desc: str) -> Iterator[R]:
+    """``fn(item)`` for each of ``items``, in order, computed on up to ``max_threads`` threads
+    (at most one per CPU), with a progress bar on the terminal (none when output is redirected)."""
+    with ThreadPoolExecutor(min(max_threads, os.cpu_count() or 1)) as pool, tqdm(
+        total=len(items), desc=desc, unit="img", file=sys.stderr, disable=None, leave=False
     ) as bar:
-        for path, problem in zip(unique, pool.map(check_image, unique)):
-            if problem is not None:
-                bad[path] = problem
+        for result in pool.map(fn, items):
+            yield result
             bar.update()
-    return bad
 
 
 def _opened(source: ImageSource) -> tuple[ImageSource, Path | BinaryIO]:

@@ -9,17 +9,13 @@ loader workers share its pages instead of copying them as they touch reference c
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
-from mmtx.data.images import FileSlice, ImageLoadError, ImageSource, read_image
+from mmtx.data.images import FileSlice, ImageLoadError, ImageSource, map_images, read_image
 from mmtx.data.transforms import build_resize
 
 MAX_MEMORY_BYTES = 1024**3  # `in_memory: auto` holds a split whose resized images fit in this
@@ -50,17 +46,13 @@ class ImagesInMemory:
             except ImageLoadError as err:
                 return err.reason
 
-        threads = min(4, os.cpu_count() or 1)  # Pillow and the resize release the GIL while they work
-        with ThreadPoolExecutor(threads) as pool, tqdm(
-            total=len(unique), desc=desc, unit="img", file=sys.stderr, disable=None, leave=False
-        ) as bar:
-            for path, result in zip(unique, pool.map(decode, unique)):
-                if isinstance(result, str):
-                    self.failed[path] = result
-                else:
-                    self.pixels[len(self.slots)] = result
-                    self.slots[path] = len(self.slots)
-                bar.update()
+        # 4 threads: Pillow and the resize release the GIL while they work
+        for path, result in zip(unique, map_images(decode, unique, 4, desc)):
+            if isinstance(result, str):
+                self.failed[path] = result
+            else:
+                self.pixels[len(self.slots)] = result
+                self.slots[path] = len(self.slots)
         self.pixels = self.pixels[: len(self.slots)]
 
     def __len__(self) -> int:

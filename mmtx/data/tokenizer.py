@@ -7,20 +7,19 @@ truncated batches as tensors (the library's padding and truncation), and decodin
 that stops at the first ``[EOS]``. Special ids only ever come from that framing
 and padding: a literal ``"[SEP]"`` inside a caption is tokenised as ordinary text.
 
-Special-token roles of a loaded file are resolved by name, first match wins, from the
-candidates in ``_ROLE_CANDIDATES`` below. So a BERT vocabulary uses ``[CLS]``/``[SEP]`` as
-BOS/EOS (as Hugging Face's ``VisionEncoderDecoder`` does), RoBERTa uses ``<s>``/``</s>`` and
-GPT-2 uses ``<|endoftext|>`` for both. A role with no candidate in the vocabulary gets its
-canonical token (``[PAD]``, ``[MASK]``, ...) appended as a new special token, so every role's
-id (``pad_id``, ``bos_id``, ...) is always a valid id and ``vocab_size`` counts it. The
-candidate order keeps this stable: reloading a saved tokenizer resolves every role to the same
-id even though appended tokens (say ``[CLS]``) are then part of the file.
+Special-token roles of a loaded file are resolved by name from ``_ROLE_CANDIDATES`` below,
+first match wins (a BERT vocabulary's ``[CLS]``/``[SEP]`` are BOS/EOS, as in Hugging Face's
+``VisionEncoderDecoder``). A role with no candidate in the vocabulary gets its canonical token
+appended as a new special token, so every role's id (``pad_id``, ``bos_id``, ...) is valid and
+counted by ``vocab_size``. The candidate order keeps this stable: reloading a saved tokenizer
+resolves every role to the same id even though appended tokens (say ``[CLS]``) are then in the file.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -30,15 +29,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 __all__ = ["SPECIAL_TOKENS", "Tokenizer", "TokenizerError"]
 
-PAD, BOS, EOS, UNK, MASK, CLS, SEP = SPECIAL_TOKENS = (
-    "[PAD]",
-    "[BOS]",
-    "[EOS]",
-    "[UNK]",
-    "[MASK]",
-    "[CLS]",
-    "[SEP]",
-)
+PAD, BOS, EOS, UNK, MASK, CLS, SEP = SPECIAL_TOKENS = ("[PAD]", "[BOS]", "[EOS]", "[UNK]", "[MASK]", "[CLS]", "[SEP]")
 
 # Role -> token names that may fill it in a foreign vocabulary, in priority order.
 _ROLE_CANDIDATES: dict[str, tuple[str, ...]] = {
@@ -64,12 +55,9 @@ class TokenizerError(ValueError):
 class Tokenizer:
     """A ``tokenizers.Tokenizer`` with fixed special-token roles and tensor batching.
 
-    Build one with :meth:`train`, :meth:`from_file` or :meth:`from_str`. The
-    constructor takes any backend (and adapts it in place: no truncation or
-    padding, role tokens registered as special, our ``[BOS] $A [EOS]``
-    post-processor, which ``to_str`` and saved files then carry) and resolves
-    roles as the module docstring describes. Instances pickle, for DataLoader
-    workers.
+    Build one with :meth:`train`, :meth:`from_file` or :meth:`from_str`. The constructor takes
+    any backend and adapts it in place as the module docstring describes (``to_str`` and saved
+    files then carry our post-processor). Instances pickle, for DataLoader workers.
     """
 
     def __init__(self, backend: tokenizers.Tokenizer) -> None:
@@ -94,7 +82,6 @@ class Tokenizer:
         )
         self._backend = backend
         self._ids = ids
-        # the ids of the seven roles: [PAD] [BOS] [EOS] [UNK] [MASK] [CLS] [SEP]
         self.pad_id, self.bos_id, self.eos_id, self.unk_id, self.mask_id, self.cls_id, self.sep_id = (
             ids[role] for role in SPECIAL_TOKENS
         )
@@ -316,13 +303,8 @@ class Tokenizer:
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
         """Token ids of ``text``, framed as ``[BOS] ... [EOS]`` when ``add_special``."""
-        try:
+        with _naming_invalid_unicode([text]):
             return self._backend.encode(text, add_special_tokens=add_special).ids
-        except TypeError as err:  # a lone surrogate ("\ud800") cannot cross into the library
-            problem = _invalid_unicode([text])
-            if problem is None:
-                raise
-            raise TokenizerError(problem) from err
 
     def encode_batch(
         self, texts: Sequence[str], max_length: int
@@ -336,13 +318,8 @@ class Tokenizer:
             raise ValueError(f"max_length must be >= 2 to hold [BOS] and [EOS], got {max_length}")
         if isinstance(texts, str):
             raise TypeError("encode_batch expects a sequence of strings, got a single str")
-        try:
+        with _naming_invalid_unicode(texts):
             encodings = self._batch_backend(max_length).encode_batch_fast(list(texts))
-        except TypeError as err:  # a lone surrogate ("\ud800") cannot cross into the library
-            problem = _invalid_unicode(texts)
-            if problem is None:
-                raise
-            raise TokenizerError(problem) from err
         width = len(encodings[0].ids) if encodings else 0
         ids = torch.tensor([e.ids for e in encodings], dtype=torch.long).reshape(len(encodings), width)
         mask = torch.tensor([e.attention_mask for e in encodings], dtype=torch.bool).reshape(len(encodings), width)
@@ -410,17 +387,22 @@ def _do_lower_case(config_path: Path) -> bool:
     return bool(config.get("do_lower_case", True)) if isinstance(config, dict) else True
 
 
-def _invalid_unicode(texts: Sequence[str]) -> str | None:
-    """Which of ``texts`` is not valid Unicode (a lone surrogate), in words; None if all are."""
-    for k, text in enumerate(texts):
-        try:
-            text.encode("utf-8")
-        except (UnicodeEncodeError, AttributeError) as err:
-            if isinstance(err, AttributeError):
-                return None  # not a string at all: the library's TypeError says so
-            return (f"text {k} is not valid Unicode: lone surrogate U+{ord(text[err.start]):04X} "
-                    f"at character {err.start}")
-    return None
+@contextmanager
+def _naming_invalid_unicode(texts: Sequence[str]) -> Iterator[None]:
+    """Turn the library's TypeError for a text that cannot cross into it, one with a lone
+    surrogate ("\ud800"), into a TokenizerError that names the text and the character."""
+    try:
+        yield
+    except TypeError as err:
+        for k, text in enumerate(texts):
+            if not isinstance(text, str):
+                break  # not a string at all: the library's TypeError says so
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as bad:
+                raise TokenizerError(f"text {k} is not valid Unicode: lone surrogate "
+                                     f"U+{ord(text[bad.start]):04X} at character {bad.start}") from err
+        raise
 
 
 _PROBE = "A red Circle, 3 \u00e9t\u00e9s \u2603 \u4e2d [UNK] ##x"  # unknown characters included
