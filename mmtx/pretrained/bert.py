@@ -61,8 +61,7 @@ def load_text_encoder(
     """A :class:`TextEncoder` (e.g. a two-stream model's text stream) with BERT's weights.
 
     Args:
-        pretrained: a directory (``model.safetensors`` or ``pytorch_model.bin``, and
-            ``config.json`` if any) or a weights file.
+        pretrained: a directory or weights file, read by :func:`~mmtx.pretrained.read_pretrained`.
         vocab_size: the tokenizer's size (default: the checkpoint's); ids past the checkpoint's
             vocabulary get new embeddings.
         pad_id: the padding id (default: the config's ``pad_token_id``, 0).

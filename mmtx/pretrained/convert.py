@@ -54,12 +54,8 @@ def find_prefix(
 def normalize_names(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
     """Old TensorFlow-converted names (``LayerNorm.gamma``/``beta``, as in bert-base-uncased) as
     PyTorch's ``weight``/``bias``."""
-    renamed = {}
-    for name, tensor in tensors.items():
-        name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name)
-        name = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
-        renamed[name] = tensor
-    return renamed
+    pytorch = {"gamma": "weight", "beta": "bias"}
+    return {re.sub(r"(?<=LayerNorm\.)(gamma|beta)$", lambda m: pytorch[m[1]], name): t for name, t in tensors.items()}
 
 
 class Tensors:
@@ -135,9 +131,7 @@ def tied_names(module: nn.Module) -> dict[str, str]:
     return aliases
 
 
-def load_converted(
-    module: nn.Module, converted: Converted, source: str, fresh: Iterable[str] = ()
-) -> list[str]:
+def load_converted(module: nn.Module, converted: Converted, source: str, fresh: Iterable[str] = ()) -> list[str]:
     """Copy ``converted`` (our name -> (tensor, the checkpoint's name for it)) into ``module``.
 
     Every tensor of the module must be given, except tied aliases and names starting with a
@@ -263,9 +257,7 @@ def context_width(kv: tuple[Tensor, str] | None, context_dim: int | None, defaul
     return width
 
 
-def fold_context_projection(
-    t: Tensors, parent: str, converted: Converted, depth: int
-) -> None:
+def fold_context_projection(t: Tensors, parent: str, converted: Converted, depth: int) -> None:
     """Import a VisionEncoderDecoder's ``enc_to_dec_proj`` into the decoder's cross-attention.
 
     Where the encoder is wider than the decoder, Hugging Face projects the encoder's tokens
@@ -303,8 +295,7 @@ def first_rows(table: tuple[Tensor, str], rows: int, source: str, what: str) -> 
     return tensor[:rows], name
 
 
-def fit_tables(converted: Converted, module: nn.Module, kwargs: dict[str, Any], source: str,
-               at: str = "") -> None:
+def fit_tables(converted: Converted, module: nn.Module, kwargs: dict[str, Any], source: str, at: str = "") -> None:
     """Grow the word embeddings (and an untied output layer) to the tokenizer's vocabulary, the new
     rows as ``module`` initialised them; keep the positions needed. ``at``: the prefix of the
     embedding tables in ``module`` (``body.`` in a decoder); the output layer is ``lm_head``."""

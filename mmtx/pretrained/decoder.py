@@ -41,8 +41,7 @@ def load_decoder(
     VisionEncoderDecoder's decoder) and is new otherwise, reading a context of ``context_dim``.
 
     Args:
-        pretrained: a directory (``model.safetensors`` or ``pytorch_model.bin``, and
-            ``config.json`` if any) or a weights file.
+        pretrained: a directory or weights file, read by :func:`~mmtx.pretrained.read_pretrained`.
         vocab_size: the tokenizer's size (default: the checkpoint's); ids past the checkpoint's
             vocabulary (an appended ``[PAD]``) get new embeddings.
         context_dim: width of the encoder's tokens (default: the decoder's width); must match
