@@ -282,19 +282,6 @@ def fold_context_projection(t: Tensors, parent: str, converted: Converted, depth
         converted[f"{kv}.bias"] = ((w.double() @ b_p.double() + b.double()).to(b.dtype), b_name)
 
 
-def new_cross_attention(depth: int) -> list[str]:
-    """Name prefixes of a CaptionDecoder's cross-attention, for checkpoints without it."""
-    return [f"body.blocks.{i}.{part}" for i in range(depth) for part in ("cross_attn.", "norm_cross.")]
-
-
-def first_rows(table: tuple[Tensor, str], rows: int, source: str, what: str) -> tuple[Tensor, str]:
-    """The first ``rows`` positions of a position table."""
-    tensor, name = table
-    if rows > tensor.shape[0]:
-        raise PretrainedError(f"{source}: {what} has {tensor.shape[0]} positions, max_length={rows} needs more")
-    return tensor[:rows], name
-
-
 def fit_tables(converted: Converted, module: nn.Module, kwargs: dict[str, Any], source: str, at: str = "") -> None:
     """Grow the word embeddings (and an untied output layer) to the tokenizer's vocabulary, the new
     rows as ``module`` initialised them; keep the positions needed. ``at``: the prefix of the
@@ -304,8 +291,12 @@ def fit_tables(converted: Converted, module: nn.Module, kwargs: dict[str, Any], 
                        ("lm_head.bias", "the output bias")):
         if name in converted:
             converted[name] = extend_rows(converted[name], kwargs["vocab_size"], own[name], source, what)
-    name = f"{at}pos_embed.weight"
-    converted[name] = first_rows(converted[name], kwargs["max_length"], source, "the position table")
+    name, rows = f"{at}pos_embed.weight", kwargs["max_length"]
+    positions, origin = converted[name]
+    if rows > len(positions):
+        raise PretrainedError(f"{source}: the position table has {len(positions)} positions, "
+                              f"max_length={rows} needs more")
+    converted[name] = positions[:rows], origin
 
 
 def output_projection(converted: Converted, weight: tuple[Tensor, str]) -> bool:

@@ -7,14 +7,7 @@ from pathlib import Path
 
 from mmtx.models.decoder import CaptionDecoder
 from mmtx.pretrained import bert, gpt2
-from mmtx.pretrained.convert import (
-    context_width,
-    find_prefix,
-    fit_tables,
-    load_converted,
-    new_cross_attention,
-    with_choices,
-)
+from mmtx.pretrained.convert import context_width, find_prefix, fit_tables, load_converted, with_choices
 from mmtx.pretrained.files import read_pretrained
 
 log = logging.getLogger(__name__)
@@ -62,7 +55,9 @@ def load_decoder(
     kwargs["context_dim"] = context_width(kv, context_dim, kwargs["dim"], src)
     decoder = CaptionDecoder(**kwargs)
     fit_tables(converted, decoder, kwargs, src, "body.")
-    load_converted(decoder, converted, src, [*fresh, *([] if kv else new_cross_attention(kwargs["depth"]))])
+    if kv is None:  # new cross-attention
+        fresh += [f"body.blocks.{i}.{part}" for i in range(kwargs["depth"]) for part in ("cross_attn.", "norm_cross.")]
+    load_converted(decoder, converted, src, fresh)
     decoder.build_config = {"_target_": "mmtx.models.decoder.CaptionDecoder", **kwargs}
     log.info("%s: %s decoder, width %d, %d blocks, %d heads, cross-attention %s", src, layout, kwargs["dim"],
              kwargs["depth"], kwargs["num_heads"], "imported" if kv else "new")
