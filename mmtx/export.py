@@ -122,9 +122,8 @@ def model_config(config: Mapping[str, Any], model: Any) -> dict[str, Any]:
 def _constructor_parameters(target: Any) -> dict[str, Any]:
     """Named parameters of a constructor and their defaults (``inspect.Parameter.empty`` if
     none), following ``**kwargs`` into the bases' constructors (TextEncoder's)."""
-    functions = [target] if not inspect.isclass(target) else [
-        cls.__init__ for cls in target.__mro__ if "__init__" in vars(cls) and cls not in (nn.Module, object)
-    ]  # fmt: skip
+    classes = target.__mro__ if inspect.isclass(target) else ()
+    functions = [cls.__init__ for cls in classes if "__init__" in vars(cls)] or [target]
     names: dict[str, Any] = {}
     for fn in functions:
         params = list(inspect.signature(fn).parameters.values())
