@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -43,13 +44,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def _fsync_dir(directory: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):  # not possible on every platform/file system
         fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # not possible on every platform/file system
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

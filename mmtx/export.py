@@ -23,13 +23,13 @@ from typing import Any, NamedTuple
 
 import torch
 from hydra.utils import get_object, instantiate
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from mmtx.pretrained.convert import tied_names
+from mmtx.pretrained.files import PretrainedError, read_weights
 
 __all__ = ["ExportError", "Exported", "export", "export_task", "load_exported", "model_config", "task_from_export"]
 
@@ -55,9 +55,7 @@ class Exported(NamedTuple):
 # ------------------------------------------------------------------------------------ writing
 
 
-def export(
-    model: nn.Module, tokenizer: Tokenizer, out: str | Path, config: Mapping[str, Any], **info: Any
-) -> Path:
+def export(model: nn.Module, tokenizer: Tokenizer, out: str | Path, config: Mapping[str, Any], **info: Any) -> Path:
     """Write ``model`` (built from the constructor ``config``), its tokenizer, and ``info``
     (JSON values for ``config.json``) into the directory ``out``; returns it."""
     out = Path(out)
@@ -124,9 +122,8 @@ def model_config(config: Mapping[str, Any], model: Any) -> dict[str, Any]:
 def _constructor_parameters(target: Any) -> dict[str, Any]:
     """Named parameters of a constructor and their defaults (``inspect.Parameter.empty`` if
     none), following ``**kwargs`` into the bases' constructors (TextEncoder's)."""
-    functions = [target] if not inspect.isclass(target) else [
-        cls.__init__ for cls in target.__mro__ if "__init__" in vars(cls) and cls not in (nn.Module, object)
-    ]  # fmt: skip
+    classes = target.__mro__ if inspect.isclass(target) else ()
+    functions = [cls.__init__ for cls in classes if "__init__" in vars(cls)] or [target]
     names: dict[str, Any] = {}
     for fn in functions:
         params = list(inspect.signature(fn).parameters.values())
@@ -209,13 +206,10 @@ def read_export_config(path: Path) -> dict[str, Any]:
 
 
 def _weights(path: Path) -> dict[str, Tensor]:
-    file = path / WEIGHTS
-    if not file.is_file():
-        raise ExportError(f"{file}: not found")
     try:
-        return load_file(file)
-    except (SafetensorError, OSError) as e:
-        raise ExportError(f"{file}: not a readable safetensors file ({e})") from e
+        return read_weights(path / WEIGHTS)
+    except PretrainedError as e:  # missing or unreadable
+        raise ExportError(str(e)) from e
 
 
 def load_weights(model: nn.Module, tensors: Mapping[str, Tensor], source: str) -> None:

@@ -13,24 +13,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
 
-from mmtx.models.decoder import CaptionDecoder
 from mmtx.models.text import TextEncoder
 from mmtx.pretrained.convert import (
+    Converted,
+    DecoderParts,
     Tensors,
     activation_name,
-    context_width,
     find_prefix,
     fit_tables,
     fold_context_projection,
-    head_count,
     load_converted,
     mlp_ratio,
-    new_cross_attention,
     output_projection,
     setting,
     sub_config,
+    with_choices,
 )
 from mmtx.pretrained.files import Pretrained, PretrainedError, read_pretrained
 
@@ -63,8 +61,7 @@ def load_text_encoder(
     """A :class:`TextEncoder` (e.g. a two-stream model's text stream) with BERT's weights.
 
     Args:
-        pretrained: a directory (``model.safetensors`` or ``pytorch_model.bin``, and
-            ``config.json`` if any) or a weights file.
+        pretrained: a directory or weights file, read by :func:`~mmtx.pretrained.read_pretrained`.
         vocab_size: the tokenizer's size (default: the checkpoint's); ids past the checkpoint's
             vocabulary get new embeddings.
         pad_id: the padding id (default: the config's ``pad_token_id``, 0).
@@ -76,31 +73,22 @@ def load_text_encoder(
     ckpt = read_pretrained(pretrained)
     _, prefix = find_prefix(ckpt, {"bert": ANCHOR}, prefix, "BERT encoder")
     t = Tensors(ckpt, prefix)
-    arch, converted = bert_body(t, _bert_config(ckpt, "encoder"), cross=False)
+    found, converted = bert_body(t, _bert_config(ckpt, "encoder"), cross=False)
     t.check_all_taken(BODY_IGNORED)
-    kwargs = _body_kwargs(arch, t.source, vocab_size, pad_id, max_length, num_heads, dropout, attn_dropout)
+    kwargs = with_choices(found, t.source, vocab_size=vocab_size, pad_id=pad_id, max_length=max_length,
+                          num_heads=num_heads, dropout=dropout, attn_dropout=attn_dropout)
     encoder = TextEncoder(**kwargs)
     fit_tables(converted, encoder, kwargs, t.source)
     load_converted(encoder, converted, t.source)
     encoder.build_config = {"_target_": "mmtx.models.text.TextEncoder", **kwargs}
-    log.info("%s: BERT encoder, width %d, %d layers, %d heads", t.source, arch["dim"], arch["depth"],
+    log.info("%s: BERT encoder, width %d, %d layers, %d heads", t.source, kwargs["dim"], kwargs["depth"],
              kwargs["num_heads"])
     return encoder
 
 
-def bert_decoder(
-    ckpt: Pretrained,
-    prefix: str,
-    *,
-    vocab_size: int | None = None,
-    context_dim: int | None = None,
-    max_length: int | None = None,
-    pad_id: int | None = None,
-    num_heads: int | None = None,
-    dropout: float | None = None,
-    attn_dropout: float | None = None,
-) -> CaptionDecoder:
-    """A :class:`CaptionDecoder` from BERT weights under ``prefix`` (see :func:`mmtx.pretrained.load_decoder`).
+def bert_decoder_parts(ckpt: Pretrained, prefix: str) -> DecoderParts:
+    """The :class:`CaptionDecoder` arguments found in the BERT weights under ``prefix`` (``num_heads``:
+    the config's, if any), their tensors, and the names to leave as initialised.
 
     Cross-attention and the prediction head (``cls.predictions``, beside ``bert.``) are imported
     when the checkpoint has them and start as initialised otherwise (as in Hugging Face).
@@ -108,11 +96,11 @@ def bert_decoder(
     t = Tensors(ckpt, prefix)
     src = t.source
     cross = t.has("encoder.layer.0.crossattention.self.query.weight")
-    arch, body = bert_body(t, _bert_config(ckpt, "decoder"), cross=cross)
+    found, body = bert_body(t, _bert_config(ckpt, "decoder"), cross=cross)
     parent = prefix.removesuffix("bert.")
     head = t.at(parent + "cls.predictions.")
     converted = {f"body.{name}": tensor for name, tensor in body.items()}
-    fold_context_projection(t, parent, converted, arch["depth"])
+    fold_context_projection(t, parent, converted, found["depth"])
     has_head = head.has("transform.dense.weight")
     tied = True
     if has_head:
@@ -129,25 +117,13 @@ def bert_decoder(
     body_at = prefix[len(parent):]  # "bert." below the model's own prefix
     t.check_all_taken([*(body_at + pattern for pattern in BODY_IGNORED), "cls.seq_relationship.*"], within=parent)
 
-    kv = converted.get("body.blocks.0.cross_attn.kv.weight")
-    kwargs = {
-        **_body_kwargs(arch, src, vocab_size, pad_id, max_length, num_heads, dropout, attn_dropout),
-        "context_dim": context_width(kv, context_dim, arch["dim"], src), "tie_embeddings": tied,
-        "head_transform": True, "head_bias": True,
-    }  # fmt: skip
-    decoder = CaptionDecoder(**kwargs)
-    fit_tables(converted, decoder, kwargs, src, "body.")
-    fresh = [] if cross else new_cross_attention(arch["depth"])
-    fresh += [] if has_head else ["head_transform.", "lm_head.bias"]
-    load_converted(decoder, converted, src, fresh)
-    decoder.build_config = {"_target_": "mmtx.models.decoder.CaptionDecoder", **kwargs}
-    log.info("%s: BERT decoder, width %d, %d layers, cross-attention %s, prediction head %s", src, arch["dim"],
-             arch["depth"], "imported" if cross else "new", "imported" if has_head else "new")
-    return decoder
+    fresh = [] if has_head else ["head_transform.", "lm_head.bias"]
+    return {**found, "tie_embeddings": tied, "head_transform": True, "head_bias": True}, converted, fresh
 
 
-def bert_body(t: Tensors, config: dict[str, Any], cross: bool) -> tuple[dict[str, Any], dict[str, tuple[Tensor, str]]]:
-    """The architecture found in the checkpoint and its tensors under :class:`TextTransformer` names."""
+def bert_body(t: Tensors, config: dict[str, Any], cross: bool) -> tuple[dict[str, Any], Converted]:
+    """The :class:`TextTransformer` arguments found in the checkpoint (``num_heads``: the config's,
+    if any) and its tensors under their names."""
     converted = {
         "token_embed.weight": t.take("embeddings.word_embeddings.weight"),
         "pos_embed.weight": t.take("embeddings.position_embeddings.weight"),
@@ -173,17 +149,16 @@ def bert_body(t: Tensors, config: dict[str, Any], cross: bool) -> tuple[dict[str
                 )
     vocab, dim = converted["token_embed.weight"][0].shape
     hidden = converted["blocks.0.mlp.fc1.weight"][0].shape[0]
-    arch = {
-        "vocab_size": vocab, "dim": dim, "depth": depth, "mlp_ratio": mlp_ratio(hidden, dim, t.source),
-        "max_length": converted["pos_embed.weight"][0].shape[0],
-        "type_vocab_size": converted["type_embed.weight"][0].shape[0],
-        "num_heads": config.get("num_attention_heads"), "norm_eps": setting(config, "layer_norm_eps", 1e-12),
-        "activation": activation_name(setting(config, "hidden_act", "gelu"), t.source),
-        "dropout": setting(config, "hidden_dropout_prob", 0.1),
+    found = {
+        "vocab_size": vocab, "dim": dim, "depth": depth, "num_heads": config.get("num_attention_heads"),
+        "mlp_ratio": mlp_ratio(hidden, dim, t.source), "max_length": converted["pos_embed.weight"][0].shape[0],
+        "pos_embed": "learned", "qkv_bias": True, "dropout": setting(config, "hidden_dropout_prob", 0.1),
         "attn_dropout": setting(config, "attention_probs_dropout_prob", 0.1),
-        "pad_id": setting(config, "pad_token_id", 0),
+        "norm_eps": setting(config, "layer_norm_eps", 1e-12), "pad_id": setting(config, "pad_token_id", 0),
+        "norm_first": False, "activation": activation_name(setting(config, "hidden_act", "gelu"), t.source),
+        "type_vocab_size": converted["type_embed.weight"][0].shape[0], "embed_norm": True,
     }  # fmt: skip
-    return arch, converted
+    return found, converted
 
 
 def _bert_config(ckpt: Pretrained, part: str) -> dict[str, Any]:
@@ -194,19 +169,3 @@ def _bert_config(ckpt: Pretrained, part: str) -> dict[str, Any]:
         raise PretrainedError(f"{ckpt.source}: position_embedding_type={config['position_embedding_type']!r} "
                               "is not supported (absolute only)")
     return config
-
-
-def _body_kwargs(
-    arch: dict[str, Any], source: str, vocab_size: int | None, pad_id: int | None, max_length: int | None,
-    num_heads: int | None, dropout: float | None, attn_dropout: float | None,
-) -> dict[str, Any]:
-    """The text tower's constructor arguments: the checkpoint's, with the caller's choices."""
-    return dict(
-        vocab_size=vocab_size or arch["vocab_size"], dim=arch["dim"], depth=arch["depth"],
-        num_heads=head_count(num_heads, arch["num_heads"], arch["dim"], source), mlp_ratio=arch["mlp_ratio"],
-        max_length=max_length or arch["max_length"], pos_embed="learned", qkv_bias=True,
-        dropout=arch["dropout"] if dropout is None else dropout,
-        attn_dropout=arch["attn_dropout"] if attn_dropout is None else attn_dropout,
-        norm_eps=arch["norm_eps"], pad_id=arch["pad_id"] if pad_id is None else pad_id, norm_first=False,
-        activation=arch["activation"], type_vocab_size=arch["type_vocab_size"], embed_norm=True,
-    )  # fmt: skip

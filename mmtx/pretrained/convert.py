@@ -18,6 +18,9 @@ from mmtx.pretrained.files import Pretrained, PretrainedError
 
 log = logging.getLogger(__name__)
 
+Converted = dict[str, tuple[Tensor, str]]  # our name -> (tensor, the checkpoint's name for it)
+DecoderParts = tuple[dict[str, Any], Converted, list[str]]  # constructor arguments, tensors, names left new
+
 
 def find_prefix(
     ckpt: Pretrained, anchors: dict[str, str], prefix: str | None = None, what: str = "model"
@@ -51,12 +54,8 @@ def find_prefix(
 def normalize_names(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
     """Old TensorFlow-converted names (``LayerNorm.gamma``/``beta``, as in bert-base-uncased) as
     PyTorch's ``weight``/``bias``."""
-    renamed = {}
-    for name, tensor in tensors.items():
-        name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name)
-        name = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
-        renamed[name] = tensor
-    return renamed
+    pytorch = {"gamma": "weight", "beta": "bias"}
+    return {re.sub(r"(?<=LayerNorm\.)(gamma|beta)$", lambda m: pytorch[m[1]], name): t for name, t in tensors.items()}
 
 
 class Tensors:
@@ -132,9 +131,7 @@ def tied_names(module: nn.Module) -> dict[str, str]:
     return aliases
 
 
-def load_converted(
-    module: nn.Module, converted: dict[str, tuple[Tensor, str]], source: str, fresh: Iterable[str] = ()
-) -> list[str]:
+def load_converted(module: nn.Module, converted: Converted, source: str, fresh: Iterable[str] = ()) -> list[str]:
     """Copy ``converted`` (our name -> (tensor, the checkpoint's name for it)) into ``module``.
 
     Every tensor of the module must be given, except tied aliases and names starting with a
@@ -184,6 +181,22 @@ def check_given(name: str, given: Any, found: Any, source: str) -> None:
     """A setting given in config (so that other settings can refer to it) must match the checkpoint's."""
     if given is not None and given != found:
         raise PretrainedError(f"{source}: {name}={given} was given, but the checkpoint has {name}={found}")
+
+
+def with_choices(
+    found: dict[str, Any], source: str, *, vocab_size: int | None = None, pad_id: int | None = None,
+    max_length: int | None = None, num_heads: int | None = None, dropout: float | None = None,
+    attn_dropout: float | None = None,
+) -> dict[str, Any]:
+    """A text tower's constructor arguments: those ``found`` in a checkpoint (``num_heads``: its
+    config's, if any), with the caller's choices (see :func:`mmtx.pretrained.load_decoder`)."""
+    return {
+        **found, "vocab_size": vocab_size or found["vocab_size"], "max_length": max_length or found["max_length"],
+        "num_heads": head_count(num_heads, found["num_heads"], found["dim"], source),
+        "dropout": found["dropout"] if dropout is None else dropout,
+        "attn_dropout": found["attn_dropout"] if attn_dropout is None else attn_dropout,
+        "pad_id": found["pad_id"] if pad_id is None else pad_id,
+    }  # fmt: skip
 
 
 def head_count(num_heads: int | None, configured: int | None, dim: int, source: str) -> int:
@@ -244,9 +257,7 @@ def context_width(kv: tuple[Tensor, str] | None, context_dim: int | None, defaul
     return width
 
 
-def fold_context_projection(
-    t: Tensors, parent: str, converted: dict[str, tuple[Tensor, str]], depth: int
-) -> None:
+def fold_context_projection(t: Tensors, parent: str, converted: Converted, depth: int) -> None:
     """Import a VisionEncoderDecoder's ``enc_to_dec_proj`` into the decoder's cross-attention.
 
     Where the encoder is wider than the decoder, Hugging Face projects the encoder's tokens
@@ -271,21 +282,7 @@ def fold_context_projection(
         converted[f"{kv}.bias"] = ((w.double() @ b_p.double() + b.double()).to(b.dtype), b_name)
 
 
-def new_cross_attention(depth: int) -> list[str]:
-    """Name prefixes of a CaptionDecoder's cross-attention, for checkpoints without it."""
-    return [f"body.blocks.{i}.{part}" for i in range(depth) for part in ("cross_attn.", "norm_cross.")]
-
-
-def first_rows(table: tuple[Tensor, str], rows: int, source: str, what: str) -> tuple[Tensor, str]:
-    """The first ``rows`` positions of a position table."""
-    tensor, name = table
-    if rows > tensor.shape[0]:
-        raise PretrainedError(f"{source}: {what} has {tensor.shape[0]} positions, max_length={rows} needs more")
-    return tensor[:rows], name
-
-
-def fit_tables(converted: dict[str, tuple[Tensor, str]], module: nn.Module, kwargs: dict[str, Any], source: str,
-               at: str = "") -> None:
+def fit_tables(converted: Converted, module: nn.Module, kwargs: dict[str, Any], source: str, at: str = "") -> None:
     """Grow the word embeddings (and an untied output layer) to the tokenizer's vocabulary, the new
     rows as ``module`` initialised them; keep the positions needed. ``at``: the prefix of the
     embedding tables in ``module`` (``body.`` in a decoder); the output layer is ``lm_head``."""
@@ -294,11 +291,15 @@ def fit_tables(converted: dict[str, tuple[Tensor, str]], module: nn.Module, kwar
                        ("lm_head.bias", "the output bias")):
         if name in converted:
             converted[name] = extend_rows(converted[name], kwargs["vocab_size"], own[name], source, what)
-    name = f"{at}pos_embed.weight"
-    converted[name] = first_rows(converted[name], kwargs["max_length"], source, "the position table")
+    name, rows = f"{at}pos_embed.weight", kwargs["max_length"]
+    positions, origin = converted[name]
+    if rows > len(positions):
+        raise PretrainedError(f"{source}: the position table has {len(positions)} positions, "
+                              f"max_length={rows} needs more")
+    converted[name] = positions[:rows], origin
 
 
-def output_projection(converted: dict[str, tuple[Tensor, str]], weight: tuple[Tensor, str]) -> bool:
+def output_projection(converted: Converted, weight: tuple[Tensor, str]) -> bool:
     """Whether a checkpoint's output projection ``weight`` is its word embedding (tied); an untied
     one is imported as ``lm_head.weight``."""
     tied = torch.equal(weight[0], converted["body.token_embed.weight"][0])

@@ -42,10 +42,9 @@ def read_pretrained(path: str | Path) -> Pretrained:
     ``config.json``) or one weights file (``config.json`` is read from its folder if there)."""
     path = Path(path).expanduser()
     if path.is_dir():
-        found = next((path / name for name in WEIGHT_FILES if (path / name).is_file()), None)
-        if found is None:
+        weights = next((path / name for name in WEIGHT_FILES if (path / name).is_file()), None)
+        if weights is None:
             raise PretrainedError(f"{path}: no weights in this directory (looked for {', '.join(WEIGHT_FILES)})")
-        weights = found
     elif path.is_file():
         weights = path
     else:
@@ -65,17 +64,15 @@ def read_weights(path: Path) -> dict[str, Tensor]:
         for shard in sorted(set(weight_map.values())):
             tensors.update(read_weights(path.parent / shard))
         return tensors
-    if path.suffix == ".safetensors":
-        if not path.is_file():
-            raise PretrainedError(f"weights file not found: {path}")
-        try:
-            return load_file(path)
-        except (SafetensorError, OSError) as e:
-            raise PretrainedError(f"{path}: not a readable safetensors file ({e})") from e
     if path.suffix not in WEIGHT_SUFFIXES:
         raise PretrainedError(f"{path}: unknown weights format (expected one of {', '.join(WEIGHT_SUFFIXES)})")
     if not path.is_file():
         raise PretrainedError(f"weights file not found: {path}")
+    if path.suffix == ".safetensors":
+        try:
+            return load_file(path)
+        except (SafetensorError, OSError) as e:
+            raise PretrainedError(f"{path}: not a readable safetensors file ({e})") from e
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # pickled code, truncated archive, not a torch file ...

@@ -8,26 +8,17 @@ models such as VisionEncoderDecoder's) is imported when present, else new.
 
 from __future__ import annotations
 
-import logging
-
-from mmtx.models.decoder import CaptionDecoder
 from mmtx.pretrained.convert import (
+    DecoderParts,
     Tensors,
     activation_name,
-    context_width,
-    fit_tables,
     fold_context_projection,
-    head_count,
-    load_converted,
     mlp_ratio,
-    new_cross_attention,
     output_projection,
     setting,
     sub_config,
 )
 from mmtx.pretrained.files import Pretrained, PretrainedError
-
-log = logging.getLogger(__name__)
 
 ANCHOR = "wte.weight"
 # one block's tensors: our name -> GPT-2's, under "h.{i}."; Conv1D weights are transposed
@@ -39,19 +30,9 @@ CROSS = {"norm_cross": "ln_cross_attn", "cross_attn.q": "crossattention.q_attn",
 IGNORED = ("h.*.attn.bias", "h.*.attn.masked_bias", "h.*.crossattention.bias", "h.*.crossattention.masked_bias")
 
 
-def gpt2_decoder(
-    ckpt: Pretrained,
-    prefix: str,
-    *,
-    vocab_size: int | None = None,
-    context_dim: int | None = None,
-    max_length: int | None = None,
-    pad_id: int | None = None,
-    num_heads: int | None = None,
-    dropout: float | None = None,
-    attn_dropout: float | None = None,
-) -> CaptionDecoder:
-    """A :class:`CaptionDecoder` from GPT-2 weights under ``prefix`` (see :func:`mmtx.pretrained.load_decoder`)."""
+def gpt2_decoder_parts(ckpt: Pretrained, prefix: str) -> DecoderParts:
+    """The :class:`CaptionDecoder` arguments found in the GPT-2 weights under ``prefix`` (``num_heads``:
+    the config's, if any), their tensors, and no more names to leave as initialised."""
     t = Tensors(ckpt, prefix)
     src = t.source
     config = sub_config(ckpt.config, "decoder")
@@ -83,22 +64,11 @@ def gpt2_decoder(
 
     vocab, dim = converted["body.token_embed.weight"][0].shape
     hidden = converted["body.blocks.0.mlp.fc1.weight"][0].shape[0]
-    kwargs = dict(
-        vocab_size=vocab_size or vocab, dim=dim, depth=depth,
-        context_dim=context_width(converted.get("body.blocks.0.cross_attn.kv.weight"), context_dim, dim, src),
-        num_heads=head_count(num_heads, config.get("n_head"), dim, src), mlp_ratio=mlp_ratio(hidden, dim, src),
-        max_length=max_length or converted["body.pos_embed.weight"][0].shape[0], pos_embed="learned",
-        tie_embeddings=tied, qkv_bias=True,
-        dropout=setting(config, "resid_pdrop", 0.1) if dropout is None else dropout,
-        attn_dropout=setting(config, "attn_pdrop", 0.1) if attn_dropout is None else attn_dropout,
-        norm_eps=setting(config, "layer_norm_epsilon", 1e-5),
-        pad_id=setting(config, "pad_token_id", None) if pad_id is None else pad_id,
+    found = dict(
+        vocab_size=vocab, dim=dim, depth=depth, num_heads=config.get("n_head"), mlp_ratio=mlp_ratio(hidden, dim, src),
+        max_length=converted["body.pos_embed.weight"][0].shape[0], pos_embed="learned", tie_embeddings=tied,
+        qkv_bias=True, dropout=setting(config, "resid_pdrop", 0.1), attn_dropout=setting(config, "attn_pdrop", 0.1),
+        norm_eps=setting(config, "layer_norm_epsilon", 1e-5), pad_id=setting(config, "pad_token_id", None),
         activation=activation_name(setting(config, "activation_function", "gelu_new"), src),
     )  # fmt: skip
-    decoder = CaptionDecoder(**kwargs)
-    fit_tables(converted, decoder, kwargs, src, "body.")
-    load_converted(decoder, converted, src, fresh=[] if cross else new_cross_attention(depth))
-    decoder.build_config = {"_target_": "mmtx.models.decoder.CaptionDecoder", **kwargs}
-    log.info("%s: GPT-2 decoder, width %d, %d blocks, %d heads, cross-attention %s",
-             src, dim, depth, kwargs["num_heads"], "imported" if cross else "new")
-    return decoder
+    return found, converted, []

@@ -65,8 +65,7 @@ def load_vit(
     """A :class:`VisionEncoder` with the weights of a timm or Hugging Face ViT checkpoint.
 
     Args:
-        pretrained: a directory (``model.safetensors`` or ``pytorch_model.bin``, and
-            ``config.json`` if any) or a ``.safetensors``/``.bin``/``.pth`` file.
+        pretrained: a directory or weights file, read by :func:`~mmtx.pretrained.read_pretrained`.
         image_size: the size the encoder is built for (default: the checkpoint's). Learned
             positions are resampled bicubically to its grid here, as timm and Hugging Face do
             (timm antialiases when shrinking, HF does not; the encoder keeps that choice for
