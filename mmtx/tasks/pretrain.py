@@ -66,9 +66,7 @@ class PretrainTask(Task):
             # hard negatives from a contrastive space that has not formed yet are noise that holds
             # the alignment head at chance: random negatives first
             objectives = dataclasses.replace(objectives, hard_negatives=False)
-        out = self.model(
-            batch["images"], batch["input_ids"], batch["attention_mask"], batch["image_ids"], objectives
-        )
+        out = self.model(batch["images"], batch["input_ids"], batch["attention_mask"], batch["image_ids"], objectives)
         self._log_losses(out, "train", batch["images"].shape[0])
         return out["loss"]
 
@@ -99,9 +97,8 @@ class PretrainTask(Task):
                 metrics["itm_accuracy"] = self.alignment_accuracy(scored)
             if self.objectives.itm > 0 or self.objectives.itc > 0:  # a head that scores image-text pairs
                 metrics.update(self.retrieval(items))
-        metrics = self.trainer.strategy.broadcast(metrics)
-        self.metrics = metrics
-        self.log_dict({f"val/{k}": v for k, v in metrics.items()}, sync_dist=True)  # equal on every rank
+        self.metrics = self.trainer.strategy.broadcast(metrics)
+        self.log_dict({f"val/{k}": v for k, v in self.metrics.items()}, sync_dist=True)  # equal on every rank
 
     @torch.no_grad()
     def alignment_accuracy(self, items: list[dict[str, Any]], chunk: int = 256) -> float:
