@@ -27,6 +27,7 @@ from PIL import Image, ImageDraw
 from torch import Tensor
 
 from mmtx.models.decoder import CaptionDecoder
+from mmtx.models.text import mean_of_tokens
 from mmtx.nn.attention import Attention
 
 
@@ -75,10 +76,9 @@ def question_maps(model: Any, images: Tensor, input_ids: Tensor, mask: Tensor) -
     if not modules:
         raise ValueError("the model has no co-attention layer: nothing relates the question to the image")
     weights = attention_weights(modules, lambda: model(images, input_ids, mask))[:, -1].mean(1)  # (B, T, S)
-    tokens = mask.to(weights.dtype)[..., None]  # (B, T, 1)
-    per_question = (weights * tokens).sum(1, keepdim=True) / tokens.sum(1, keepdim=True)  # (B, 1, S)
+    per_question = mean_of_tokens(weights, mask)  # (B, S)
     grid = backbone.vision.patch_embed.grid(*images.shape[-2:])
-    return word_maps(per_question[:, None, None], grid)[:, 0]
+    return word_maps(per_question[:, None, None, None], grid)[:, 0]
 
 
 def word_maps(weights: Tensor, grid: tuple[int, int], prefix: int = 1) -> Tensor:
@@ -96,8 +96,7 @@ def caption_maps(task, images: Tensor, ids: Tensor) -> list[tuple[list[str], Ten
     tok, model = task.tokenizer, task.model
     bos = torch.full_like(ids[:, :1], tok.bos_id)
     context = model.encode(images)
-    grid = model.encoder.grid_size if images.shape[-1] == model.encoder.image_size else \
-        model.encoder.patch_embed.grid(*images.shape[-2:])  # fmt: skip
+    grid = model.encoder.patch_embed.grid(*images.shape[-2:])
     maps = word_maps(cross_attention(model.decoder, torch.cat([bos, ids], 1), context), grid)
     out = []
     for row, row_maps in zip(ids.tolist(), maps):

@@ -31,10 +31,7 @@ class LogCaptionSamples(L.Callback):
             return
         import wandb
 
-        rows = [
-            [wandb.Image(s["image"].numpy()), s["prediction"], "\n".join(s["references"])]
-            for s in samples
-        ]
+        rows = [[wandb.Image(s["image"].numpy()), s["prediction"], "\n".join(s["references"])] for s in samples]
         columns = ["image", "prediction", "references"]
         draw = getattr(pl_module, "attention_grids", None)
         if draw is not None:

@@ -160,8 +160,7 @@ def generate(
     B = context.shape[0]
     on_cpu = context.device.type == "cpu"
     rerouted = on_cpu and (pays_on_this_cpu() if cfg.few_row_products is None else cfg.few_row_products)
-    speedup = few_row_products() if rerouted else nullcontext()
-    with speedup:
+    with few_row_products() if rerouted else nullcontext():
         if cfg.num_beams > 1:
             return _beam_search(step, B, cfg, bos_id, eos_id, pad_id, context.device)
         return _greedy_or_sample(step, B, cfg, bos_id, eos_id, pad_id, context.device, generator)

@@ -119,18 +119,14 @@ def _check_references(references: Mapping[int, Sequence[str]], name: str) -> Non
         raise ValueError(f"{name} is empty")
     for key, refs in references.items():
         if isinstance(refs, str) or not isinstance(refs, Sequence):
-            raise ValueError(
-                f"{name}[{key!r}] must be a list of caption strings, got {type(refs).__name__}"
-            )
+            raise ValueError(f"{name}[{key!r}] must be a list of caption strings, got {type(refs).__name__}")
         if not refs:
             raise ValueError(f"{name}[{key!r}] has no captions")
         if not all(isinstance(ref, str) for ref in refs):
             raise ValueError(f"{name}[{key!r}] must contain only strings")
 
 
-def _check_ids(
-    predictions: Mapping[int, str], references: Mapping[int, Sequence[str]]
-) -> list[int]:
+def _check_ids(predictions: Mapping[int, str], references: Mapping[int, Sequence[str]]) -> list[int]:
     """The ids to score (in ``predictions`` order) after checking both mappings agree."""
     if not predictions:
         raise ValueError("predictions is empty: nothing to score")
@@ -163,10 +159,7 @@ def _ptb_tokenize(captions: Sequence[str], verbose: bool = False) -> list[str]:
     would split a caption at a stray ``\\r``), become single spaces first.
     """
     lines = [" ".join(caption.split()) for caption in captions]
-    command = [
-        "java", "-cp", str(_PTB_JAR), "edu.stanford.nlp.process.PTBTokenizer",
-        "-preserveLines", "-lowerCase",
-    ]  # fmt: skip
+    command = ["java", "-cp", str(_PTB_JAR), "edu.stanford.nlp.process.PTBTokenizer", "-preserveLines", "-lowerCase"]
     result = subprocess.run(command, input="\n".join(lines).encode(), capture_output=True)
     messages = result.stderr.decode(errors="replace").strip()
     if verbose and messages:

@@ -29,14 +29,8 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Protocol
 
 __all__ = [
-    "ANSWER_TYPES",
-    "VqaAnnotation",
-    "build_answer_vocab",
-    "normalize_answer",
-    "question_accuracy",
-    "reference_answers",
-    "soft_scores",
-    "vqa_accuracy",
+    "ANSWER_TYPES", "VqaAnnotation", "build_answer_vocab", "normalize_answer", "question_accuracy",
+    "reference_answers", "soft_scores", "vqa_accuracy",
 ]
 
 ANSWER_TYPES = ("yes/no", "number", "other")  # the official answer types, in the order papers report them

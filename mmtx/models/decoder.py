@@ -57,13 +57,12 @@ class CaptionDecoder(nn.Module):
         )
         self.head_transform = (
             nn.Sequential(nn.Linear(dim, dim), activation_layer(activation), nn.LayerNorm(dim, eps=norm_eps))
-            if head_transform
-            else None
+            if head_transform else None
         )
         self.lm_head = nn.Linear(dim, vocab_size, bias=head_bias)
-        if self.head_transform is not None:
-            self.head_transform.apply(init_weights)
-        init_weights(self.lm_head)
+        for head in (self.head_transform, self.lm_head):
+            if head is not None:
+                head.apply(init_weights)
         if tie_embeddings:
             self.lm_head.weight = self.body.token_embed.weight
 

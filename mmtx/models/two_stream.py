@@ -138,9 +138,7 @@ class TwoStreamModel(nn.Module):
             image_pooled = image_pooled[index]
         return Joint(v, t, image_pooled * text_pooled, image_pooled, text_pooled, index)
 
-    def forward(
-        self, images: Tensor, input_ids: Tensor, text_mask: Tensor, image_index: Tensor | None = None
-    ) -> Joint:
+    def forward(self, images: Tensor, input_ids: Tensor, text_mask: Tensor, image_index: Tensor | None = None) -> Joint:
         """``images`` (B, 3, H, W), or (U, 3, H, W) with an ``image_index`` (see :meth:`unimodal`),
         ``input_ids``/``text_mask`` (B, T) -> :class:`Joint`."""
         return self.fuse(self.unimodal(images, input_ids, text_mask, image_index=image_index))

@@ -59,9 +59,7 @@ class VqaClassifier(nn.Module):
     def num_answers(self) -> int:
         return self.head[-1].out_features
 
-    def forward(
-        self, images: Tensor, input_ids: Tensor, text_mask: Tensor, image_index: Tensor | None = None
-    ) -> Tensor:
+    def forward(self, images: Tensor, input_ids: Tensor, text_mask: Tensor, image_index: Tensor | None = None) -> Tensor:
         """Answer logits (B, num_answers); ``image_index`` (B,): the row of ``images`` (U, 3, H, W)
         holding each question's image, each row encoded once (default: row i)."""
         joint = self.backbone(images, input_ids, text_mask, image_index)

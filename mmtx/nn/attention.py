@@ -135,7 +135,6 @@ def build_attn_mask(
     return mask
 
 
-
 def head_width(dim: int, num_heads: int) -> int:
     """``dim // num_heads``, refusing a width the heads do not divide (with the widths allowed)."""
     if dim % num_heads:
@@ -145,6 +144,7 @@ def head_width(dim: int, num_heads: int) -> int:
             f"dim={dim} is not divisible by num_heads={num_heads} (allowed: a multiple of {num_heads}, e.g. {example})"
         )
     return dim // num_heads
+
 
 class Attention(nn.Module):
     """Multi-head scaled dot-product attention, self or cross.
@@ -182,10 +182,10 @@ class Attention(nn.Module):
         self.attn_dropout = attn_dropout
         self.proj_dropout = nn.Dropout(proj_dropout)
 
-    def _heads(self, x: Tensor, n: int) -> tuple[Tensor, ...]:
-        """(B, T, n*D) -> n tensors of shape (B, H, T, Dh)."""
+    def _heads(self, x: Tensor, n: int) -> Tensor:
+        """(B, T, n*D) -> (n, B, H, T, Dh): the n projections' heads, one per index of dim 0."""
         B, T, _ = x.shape
-        return x.view(B, T, n, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        return x.view(B, T, n, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
 
     def forward(
         self,
@@ -218,12 +218,10 @@ class Attention(nn.Module):
             elif cache is not None:
                 # kept contiguous, (2, B, H, S, Dh) in one copy: every later decoding step reads
                 # them whole, and strided rows cost those reads 3-20% (more in bf16)
-                kv = self.kv(context)
-                kv = kv.view(*kv.shape[:2], 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-                k, v = kv.contiguous().unbind(0)
+                k, v = self._heads(self.kv(context), 2).contiguous().unbind(0)
                 cache.store(k, v)
             else:
-                k, v = self._heads(self.kv(context), 2)
+                k, v = self._heads(self.kv(context), 2).unbind(0)
                 if context_index is not None:
                     k, v = k[context_index], v[context_index]
             groups = B // k.shape[0]
@@ -233,7 +231,7 @@ class Attention(nn.Module):
             mask = build_attn_mask(key_padding_mask, False, T, k.shape[2], x.device)
             is_causal = False
         else:
-            q, k, v = self._heads(self.qkv(x), 3)  # (B, H, T, Dh) each
+            q, k, v = self._heads(self.qkv(x), 3).unbind(0)  # (B, H, T, Dh) each
             if rope is not None:
                 q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
             if cache is not None:

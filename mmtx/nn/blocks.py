@@ -87,12 +87,9 @@ class TransformerBlock(nn.Module):
         attn_kw = dict(qkv_bias=qkv_bias, attn_dropout=attn_dropout, proj_dropout=dropout)
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps) if self_attention else None
         self.attn = Attention(dim, num_heads, **attn_kw) if self_attention else None
-        self.norm_cross = nn.LayerNorm(dim, eps=norm_eps) if context_dim is not None else None
-        self.cross_attn = (
-            Attention(dim, num_heads, context_dim=context_dim, **attn_kw)
-            if context_dim is not None
-            else None
-        )
+        cross = context_dim is not None
+        self.norm_cross = nn.LayerNorm(dim, eps=norm_eps) if cross else None
+        self.cross_attn = Attention(dim, num_heads, context_dim=context_dim, **attn_kw) if cross else None
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout, activation)
 

@@ -83,8 +83,7 @@ def sinusoidal_1d(positions: Tensor, dim: int, base: float = 10000.0) -> Tensor:
 def sinusoidal_2d(grid_h: int, grid_w: int, dim: int, device: torch.device | None = None) -> Tensor:
     """Fixed 2-D encoding (as in MAE): half the width encodes the row, half the column -> (h*w, dim)."""
     check_sinusoidal_width(dim, axes=2)
-    rows = torch.arange(grid_h, device=device).repeat_interleave(grid_w)
-    cols = torch.arange(grid_w, device=device).repeat(grid_h)
+    rows, cols = grid_positions(grid_h, grid_w, device).unbind(1)
     return torch.cat([sinusoidal_1d(rows, dim // 2), sinusoidal_1d(cols, dim // 2)], dim=1)
 
 
@@ -106,7 +105,5 @@ def resample_positions(
         return pos
     D = pos.shape[-1]
     grid = pos.reshape(1, old_grid[0], old_grid[1], D).permute(0, 3, 1, 2)
-    grid = F.interpolate(
-        grid.float(), size=new_grid, mode="bicubic", align_corners=False, antialias=antialias
-    )
+    grid = F.interpolate(grid.float(), size=new_grid, mode="bicubic", align_corners=False, antialias=antialias)
     return grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], D).to(pos.dtype)

@@ -66,9 +66,7 @@ class PretrainTask(Task):
             # hard negatives from a contrastive space that has not formed yet are noise that holds
             # the alignment head at chance: random negatives first
             objectives = dataclasses.replace(objectives, hard_negatives=False)
-        out = self.model(
-            batch["images"], batch["input_ids"], batch["attention_mask"], batch["image_ids"], objectives
-        )
+        out = self.model(batch["images"], batch["input_ids"], batch["attention_mask"], batch["image_ids"], objectives)
         self._log_losses(out, "train", batch["images"].shape[0])
         return out["loss"]
 
@@ -99,9 +97,8 @@ class PretrainTask(Task):
                 metrics["itm_accuracy"] = self.alignment_accuracy(scored)
             if self.objectives.itm > 0 or self.objectives.itc > 0:  # a head that scores image-text pairs
                 metrics.update(self.retrieval(items))
-        metrics = self.trainer.strategy.broadcast(metrics)
-        self.metrics = metrics
-        self.log_dict({f"val/{k}": v for k, v in metrics.items()}, sync_dist=True)  # equal on every rank
+        self.metrics = self.trainer.strategy.broadcast(metrics)
+        self.log_dict({f"val/{k}": v for k, v in self.metrics.items()}, sync_dist=True)  # equal on every rank
 
     @torch.no_grad()
     def alignment_accuracy(self, items: list[dict[str, Any]], chunk: int = 256) -> float:
@@ -117,13 +114,9 @@ class PretrainTask(Task):
         captions = [items[j]["references"][int(torch.randint(len(items[j]["references"]), (1,), generator=g))]
                     for j in partner.tolist()]  # fmt: skip
         aligned = torch.tensor([items[i]["image_id"] == items[j]["image_id"] for i, j in enumerate(partner.tolist())])
-        backbone, correct = self.model.backbone, 0
+        correct = 0
         for s in range(0, n, chunk):
-            ids, mask = self.tokenizer.encode_batch(captions[s : s + chunk], backbone.text.max_length)
-            ids, mask = ids.to(self.device), mask.to(self.device)
-            text, text_rope = backbone.encode_text(ids, mask)
-            vision = torch.stack([item["vision"] for item in items[s : s + chunk]]).to(self.device)
-            logits = self.model.itm_logits(Unimodal(vision, text, mask, self._vision_rope, text_rope))
+            logits = self.model.itm_logits(self._unimodal(items[s : s + chunk], captions[s : s + chunk]))
             correct += (logits.argmax(-1).cpu() == aligned[s : s + chunk].long()).sum().item()
         return 100.0 * correct / n
 
@@ -133,18 +126,20 @@ class PretrainTask(Task):
         texts = [(i, caption) for i, item in enumerate(items) for caption in item["references"]]
         if not texts:
             return {}
-        backbone = self.model.backbone
-        ids, mask = self.tokenizer.encode_batch([c for _, c in texts], backbone.text.max_length)
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        t, t_rope = backbone.encode_text(ids, mask)
-        vision = torch.stack([item["vision"] for item in items]).to(self.device)
-        u = Unimodal(vision, t, mask, self._vision_rope, t_rope)
         rerank = self.hparams.rerank if self.objectives.itc > 0 else None
-        i2t, t2i = self.model.retrieval_scores(u, rerank)
+        i2t, t2i = self.model.retrieval_scores(self._unimodal(items, [c for _, c in texts]), rerank)
         text_image = torch.tensor([i for i, _ in texts], device=self.device)
         recall_i2t, recall_t2i = retrieval_recall(i2t, text_image), retrieval_recall(t2i, text_image)
         return {**{k: v for k, v in recall_i2t.items() if k.startswith("i2t")},
                 **{k: v for k, v in recall_t2i.items() if k.startswith("t2i")}}
+
+    def _unimodal(self, items: list[dict[str, Any]], captions: list[str]) -> Unimodal:
+        """The vision-stream outputs kept for ``items`` beside the text stream's own pass over ``captions``."""
+        ids, mask = self.tokenizer.encode_batch(captions, self.model.backbone.text.max_length)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        text, text_rope = self.model.backbone.encode_text(ids, mask)
+        vision = torch.stack([item["vision"] for item in items]).to(self.device)
+        return Unimodal(vision, text, mask, self._vision_rope, text_rope)
 
     def baseline(self, datamodule: L.LightningDataModule) -> tuple[str, dict[str, float]]:
         """Chance: a coin for alignment, a random ranking for retrieval (exact expectations)."""

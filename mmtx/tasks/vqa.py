@@ -30,8 +30,8 @@ class AnswerTask(Task):
     """What both ways of answering share: the optimiser, validation with the official VQA accuracy
     (overall and per answer type), the predictions file and the answer-prior baseline.
 
-    Subclasses build their model (``model_arguments``), score a batch (``loss``) and answer
-    (``answer``).
+    Subclasses complete their model's arguments (``model_arguments``), score a batch (``loss``) and
+    answer (``answer``).
 
     Args:
         model: the model's config; what it leaves to the data comes from ``model_arguments``.
@@ -52,7 +52,7 @@ class AnswerTask(Task):
 
     def model_arguments(self, tok: Tokenizer) -> dict[str, Any]:
         """What the model config leaves to the data: vocabulary sizes, padding id."""
-        raise NotImplementedError
+        return {"backbone": {"text": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}}}
 
     def loss(self, batch: dict[str, Any]) -> torch.Tensor:
         raise NotImplementedError
@@ -138,8 +138,7 @@ class VqaTask(AnswerTask):
         super().__init__(model, tokenizer, **optim)
 
     def model_arguments(self, tok: Tokenizer) -> dict[str, Any]:
-        return {"backbone": {"text": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}},
-                "num_answers": len(self.answers)}
+        return super().model_arguments(tok) | {"num_answers": len(self.answers)}
 
     @classmethod
     def stand_in_data_arguments(cls) -> dict[str, Any]:
@@ -179,8 +178,7 @@ class GenerativeVqaTask(AnswerTask):
         self.generation = GenerationConfig(**{"max_new_tokens": 8, **(generation or {})})
 
     def model_arguments(self, tok: Tokenizer) -> dict[str, Any]:
-        return {"backbone": {"text": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}},
-                "decoder": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}}
+        return super().model_arguments(tok) | {"decoder": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}}
 
     def loss(self, batch: dict[str, Any]) -> torch.Tensor:
         best = [Counter(normalize_answer(a) for a in answers).most_common(1)[0][0] for answers in batch["answers"]]
