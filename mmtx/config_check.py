@@ -1,8 +1,9 @@
 """Settings that cannot work, refused at start-up with the key and the values allowed.
 
 `check_train_config` runs first thing in ``mmtx-train`` (before any data is generated, read or
-scanned) and `check_eval_config` in ``mmtx-eval``; each collects every problem it finds and
-raises them together as one `ConfigError`. Each rule lives in one place:
+scanned), `check_eval_config` in ``mmtx-eval`` and `check_shards_config` in ``mmtx-shards``; each
+collects every problem it finds and raises them together as one `ConfigError`. Each rule lives in
+one place:
 
 - a value on its own (a positive integer, a probability, a Trainer argument, a file that must
   exist) is checked here, by key;
@@ -43,9 +44,39 @@ from mmtx.data.base import SPLITS
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.generation import GenerationConfig
 from mmtx.nn.embeddings import PatchEmbed
-_POSITIVE = ("dim", "num_heads", "patch_size", "image_size", "max_length", "joint_dim", "itc_dim", "in_chans")
-_NON_NEGATIVE = ("depth", "co_layers")
-_PROBABILITIES = ("dropout", "attn_dropout")  # in [0, 1)
+
+
+def _rule(allowed: str, test: Callable[[Any], bool]) -> Callable[[Any, str], list[str]]:
+    """A check of one value: no problem, or ``KEY=VALUE must be ALLOWED``."""
+    return lambda value, key: [] if test(value) else [f"{key}={value!r} must be {allowed}"]
+
+
+_positive_int = _rule("a positive integer", lambda v: _is_int(v) and v > 0)
+_optional_positive_int = _rule("a positive integer", lambda v: v is None or (_is_int(v) and v > 0))
+_non_negative_int = _rule("an integer >= 0", lambda v: _is_int(v) and v >= 0)
+_positive_number = _rule("a positive number", lambda v: _is_number(v) and v > 0)
+_fraction = _rule("a number in [0, 1)", lambda v: _is_number(v) and 0 <= v < 1)
+
+_DATA_RULES = {  # checked whether given or not
+    "image_size": _positive_int, "batch_size": _positive_int, "eval_batch_size": _optional_positive_int,
+    "num_workers": _rule("an integer >= 0 (0: load in the main process)", lambda v: _is_int(v) and v >= 0),
+    "max_length": _rule("an integer >= 3 ([BOS], a token, [EOS])", lambda v: _is_int(v) and v >= 3),
+}
+_MODEL_RULES = {  # checked in every node of the model config that has the key
+    **dict.fromkeys(("dim", "num_heads", "patch_size", "image_size", "max_length", "joint_dim", "itc_dim", "in_chans"),
+                    _optional_positive_int),
+    **dict.fromkeys(("depth", "co_layers"), _non_negative_int),
+    **dict.fromkeys(("dropout", "attn_dropout"), _fraction),
+    **dict.fromkeys(("mlp_ratio", "hidden_mult"), _positive_number),
+}
+_TASK_RULES = {  # checked where the task has the key
+    "lr": _positive_number,
+    "weight_decay": _rule("a number >= 0", lambda v: _is_number(v) and v >= 0),
+    "warmup_ratio": _fraction, "label_smoothing": _fraction,
+    "min_lr_ratio": _rule("a number in [0, 1]", lambda v: _is_number(v) and 0 <= v <= 1),
+    "num_answers": _positive_int, "rerank": _positive_int,
+    "num_samples": _non_negative_int, "retrieval_images": _non_negative_int,
+}
 
 
 class ConfigError(ValueError):
@@ -55,8 +86,8 @@ class ConfigError(ValueError):
 def check_train_config(cfg: DictConfig) -> None:
     """Refuse an ``mmtx-train`` config that cannot work, naming every bad key at once."""
     groups = ("data", "model", "task", "tokenizer")
-    missing = {group: _missing(cfg[group], group) for group in groups}
-    problems = [f"{key} is not set (??? in the config): give it, e.g. {key}=..." for keys in missing.values() for key in keys]
+    missing = {group: _unset(cfg[group], group) for group in groups}
+    problems = [p for group in groups for p in missing[group]]
     by_value = {
         "data": data_problems(cfg.data, splits=("train", "val")), "model": model_problems(cfg.model),
         "task": task_problems(cfg.task), "tokenizer": tokenizer_problems(cfg.tokenizer),
@@ -74,17 +105,18 @@ def check_eval_config(cfg: DictConfig) -> None:
     """Refuse an ``mmtx-eval`` config that cannot work, naming every bad key at once."""
     if OmegaConf.is_missing(cfg, "ckpt"):
         raise ConfigError("invalid config:\n  ckpt is not set: give the checkpoint to evaluate, e.g. ckpt=RUN/checkpoints/last.ckpt")
-    problems = [f"{key} is not set (??? in the config): give it, e.g. {key}=..."
-                for key in (_missing(cfg.data, "data") if cfg.get("data") else [])]
+    problems = _unset(cfg.data, "data") if cfg.get("data") else []
     if cfg.split not in SPLITS:
         problems.append(f"split={cfg.split!r} is not one of {', '.join(SPLITS)}")
     image_size = cfg.get("image_size")
-    if image_size is not None:
-        problems += _positive_int(image_size, "image_size")
+    problems += _optional_positive_int(image_size, "image_size")
     if cfg.get("data"):
         problems += data_problems(cfg.data, splits=(cfg.split,))
     given = {k: v for k, v in (cfg.get("generation") or {}).items() if v is not None}
-    problems += _generation_problems(given)
+    try:  # what GenerationConfig refuses in the command line's generation overrides
+        GenerationConfig(**{"max_new_tokens": 32, **given})
+    except (TypeError, ValueError) as err:
+        problems.append(str(err) if str(err).startswith("generation:") else f"generation: {err}")
     if _is_int(image_size) and image_size > 0 and Path(str(cfg.ckpt)).is_file():
         with torch.device("meta"):  # its image towers, without weights
             task = rebuild_task(read_checkpoint(cfg.ckpt, mmap=True), cfg.ckpt)
@@ -95,6 +127,15 @@ def check_eval_config(cfg: DictConfig) -> None:
             if isinstance(module, PatchEmbed) and image_size % module.patch_size
         ]
     _raise(problems)
+
+
+def check_shards_config(cfg: DictConfig) -> None:
+    """Refuse an ``mmtx-shards`` config that cannot work, naming every bad key at once."""
+    problems = data_problems(cfg.data)
+    if OmegaConf.is_missing(cfg, "out"):
+        problems.append("out is not set: give the folder to write the shards to, e.g. out=shards/")
+    problems += _positive_int(cfg.shard_size, "shard_size") + _positive_int(cfg.quality, "quality")
+    _raise(problems + _optional_positive_int(cfg.image_size, "image_size"))
 
 
 # --- what the constructors refuse -------------------------------------------------------------
@@ -202,16 +243,7 @@ def data_problems(data: Any, key: str = "data", splits: tuple[str, ...] = ()) ->
         if isinstance(files, DictConfig):
             problems += [f"{key}.{split}.{name} is not set: give the {split} split's {name}, e.g. {key}.{split}.{name}=..."
                          for name, value in files.items() if value is None]
-    problems += _positive_int(get("image_size"), f"{key}.image_size")
-    problems += _positive_int(get("batch_size"), f"{key}.batch_size")
-    if get("eval_batch_size") is not None:
-        problems += _positive_int(get("eval_batch_size"), f"{key}.eval_batch_size")
-    workers = get("num_workers")
-    if not _is_int(workers) or workers < 0:
-        problems.append(f"{key}.num_workers={workers!r} must be an integer >= 0 (0: load in the main process)")
-    length = get("max_length")
-    if not _is_int(length) or length < 3:
-        problems.append(f"{key}.max_length={length!r} must be an integer >= 3 ([BOS], a token, [EOS])")
+    problems += [p for name, check in _DATA_RULES.items() for p in check(get(name), f"{key}.{name}")]
     crop = get("crop_scale")
     if crop is not None and not (
         len(crop) == 2 and all(_is_number(v) for v in crop) and 0 < crop[0] <= crop[1] <= 1
@@ -269,18 +301,9 @@ def model_problems(model: DictConfig) -> list[str]:
     allow together, the constructors check when the task is built)."""
     problems: list[str] = []
     for path, node in _nodes(model, "model"):
-        for key in _POSITIVE:
-            if key in node and node.get(key) is not None:
-                problems += [p + _source(node, key) for p in _positive_int(node.get(key), f"{path}.{key}")]
-        for key in _NON_NEGATIVE:
-            if key in node and (not _is_int(node.get(key)) or node.get(key) < 0):
-                problems.append(f"{path}.{key}={node.get(key)!r} must be an integer >= 0{_source(node, key)}")
-        for key in _PROBABILITIES:
-            if key in node and not (_is_number(node.get(key)) and 0 <= node.get(key) < 1):
-                problems.append(f"{path}.{key}={node.get(key)!r} must be a number in [0, 1)")
-        for key in ("mlp_ratio", "hidden_mult"):
-            if key in node and not (_is_number(node.get(key)) and node.get(key) > 0):
-                problems.append(f"{path}.{key}={node.get(key)!r} must be a positive number")
+        for key, check in _MODEL_RULES.items():
+            if key in node:
+                problems += [p + _source(node, key) for p in check(node.get(key), f"{path}.{key}")]
     return problems
 
 
@@ -290,44 +313,19 @@ def model_problems(model: DictConfig) -> list[str]:
 def task_problems(task: Any) -> list[str]:
     """What is wrong with the optimiser and schedule settings of ``task`` (its objectives and
     generation settings are checked by their constructors when the task is built)."""
-    problems = []
-    if "lr" in task and not (_is_number(task.lr) and task.lr > 0):
-        problems.append(f"task.lr={task.lr!r} must be a positive number")
-    if "weight_decay" in task and not (_is_number(task.weight_decay) and task.weight_decay >= 0):
-        problems.append(f"task.weight_decay={task.weight_decay!r} must be a number >= 0")
-    for key in ("warmup_ratio", "label_smoothing"):
-        if key in task and not (_is_number(task[key]) and 0 <= task[key] < 1):
-            problems.append(f"task.{key}={task[key]!r} must be a number in [0, 1)")
-    if "min_lr_ratio" in task and not (_is_number(task.min_lr_ratio) and 0 <= task.min_lr_ratio <= 1):
-        problems.append(f"task.min_lr_ratio={task.min_lr_ratio!r} must be a number in [0, 1]")
+    problems = [p for key, check in _TASK_RULES.items() if key in task for p in check(task[key], f"task.{key}")]
     if "betas" in task and not (
         len(task.betas) == 2 and all(_is_number(b) and 0 <= b < 1 for b in task.betas)
     ):
         problems.append(f"task.betas={_show(task.betas)} must be two numbers in [0, 1)")
-    for key in ("num_answers", "rerank"):
-        if key in task:
-            problems += _positive_int(task[key], f"task.{key}")
-    for key in ("num_samples", "retrieval_images"):
-        if key in task and (not _is_int(task[key]) or task[key] < 0):
-            problems.append(f"task.{key}={task[key]!r} must be an integer >= 0")
     return problems
 
 
 def tokenizer_problems(tokenizer: Any) -> list[str]:
     """A given tokenizer file must exist (what ``Tokenizer.train`` refuses is found by building)."""
     if tokenizer.get("path"):
-        path = Path(tokenizer.path)
-        return [] if path.exists() else [f"tokenizer.path={tokenizer.path}: no such file or directory"]
+        return [] if Path(tokenizer.path).exists() else [f"tokenizer.path={tokenizer.path}: no such file or directory"]
     return _positive_int(tokenizer.get("min_frequency"), "tokenizer.min_frequency")
-
-
-def _generation_problems(given: dict[str, Any]) -> list[str]:
-    """What `GenerationConfig` refuses in ``mmtx-eval``'s ``generation`` overrides."""
-    try:
-        GenerationConfig(**{"max_new_tokens": 32, **given})
-    except (TypeError, ValueError) as err:
-        return [str(err) if str(err).startswith("generation:") else f"generation: {err}"]
-    return []
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -348,15 +346,15 @@ def _nodes(node: Any, path: str) -> Iterator[tuple[str, Any]]:
                 yield from _nodes(child, f"{path}.{key}")
 
 
-def _missing(node: Any, path: str) -> list[str]:
-    """The dotted keys under ``node`` whose value is still the mandatory ``???``."""
+def _unset(node: Any, path: str) -> list[str]:
+    """A problem for each dotted key under ``node`` whose value is still the mandatory ``???``."""
     found = []
     for key in node:
         child = node._get_node(key)  # unresolved: interpolations may need a running Hydra app
         if OmegaConf.is_missing(node, key):
-            found.append(f"{path}.{key}")
+            found.append(f"{path}.{key} is not set (??? in the config): give it, e.g. {path}.{key}=...")
         elif isinstance(child, DictConfig):
-            found += _missing(child, f"{path}.{key}")
+            found += _unset(child, f"{path}.{key}")
     return found
 
 
@@ -366,10 +364,6 @@ def _source(node: Any, key: str) -> str:
         source = str(node._get_node(key)._value())  # e.g. "${data.image_size}"
         return f" (set by {source[2:-1] if source.startswith('${') else source})"
     return ""
-
-
-def _positive_int(value: Any, key: str) -> list[str]:
-    return [] if _is_int(value) and value > 0 else [f"{key}={value!r} must be a positive integer"]
 
 
 def _multiples(step: int) -> str:
@@ -386,3 +380,4 @@ def _is_number(value: Any) -> bool:
 
 def _show(value: Any) -> str:
     return str(OmegaConf.to_container(value) if OmegaConf.is_config(value) else value)
+

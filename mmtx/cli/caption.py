@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from mmtx.attention_maps import attention_grid, caption_maps, write_png
 from mmtx.checkpoint import load_task
-from mmtx.cli.common import CONFIG_DIR, friendly_errors, generation_override
+from mmtx.cli.common import CONFIG_DIR, friendly_errors, generation_override, image_size
 from mmtx.data.images import read_image
 from mmtx.data.transforms import build_resize, normalize_images
 
@@ -21,7 +21,7 @@ def caption_files(cfg: DictConfig) -> list[str]:
     ``cfg.attention`` a folder, one PNG per image there: the caption and a heat map per word."""
     task = load_task(cfg.ckpt, map_location=cfg.device)
     task.generation = generation_override(task.generation, cfg.generation)
-    resize = build_resize(cfg.image_size or task.model.encoder.image_size)
+    resize = build_resize(image_size(task, cfg.image_size))
     paths = [cfg.images] if isinstance(cfg.images, str) else list(cfg.images)
     folder = Path(cfg.attention) if cfg.get("attention") else None
     captions: list[str] = []

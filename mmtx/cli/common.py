@@ -11,7 +11,6 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-import lightning as L
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -127,8 +126,11 @@ def to_container(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 
 
-def make_trainer(cfg: DictConfig, loggers: list, callbacks: list) -> L.Trainer:
-    return instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks)
+def image_size(task: Any, given: int | None = None) -> int:
+    """``given`` (the command line's ``image_size``), else the size ``task`` was trained at: its
+    data config's, else its image tower's (a captioner's encoder, a VQA backbone's vision tower)."""
+    tower = task.model.encoder if hasattr(task.model, "encoder") else task.model.backbone.vision
+    return given or (task.data_config or {}).get("image_size") or tower.image_size
 
 
 def generation_override(config: GenerationConfig, overrides: DictConfig | None) -> GenerationConfig:

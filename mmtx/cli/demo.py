@@ -22,7 +22,7 @@ from PIL import Image
 
 from mmtx.attention_maps import caption_maps, overlay, question_maps
 from mmtx.checkpoint import CheckpointError, load_task
-from mmtx.cli.common import CONFIG_DIR, friendly_errors
+from mmtx.cli.common import CONFIG_DIR, friendly_errors, image_size
 from mmtx.data.images import ImageLoadError, read_image
 from mmtx.data.transforms import build_resize, normalize_images
 from mmtx.tasks.caption import CaptionTask
@@ -36,8 +36,7 @@ class Demo:
 
     def __init__(self, task: Any) -> None:
         self.task = task
-        encoder = task.model.encoder if isinstance(task, CaptionTask) else task.model.backbone.vision
-        self.resize = build_resize((task.data_config or {}).get("image_size") or encoder.image_size)
+        self.resize = build_resize(image_size(task))
 
     def pixels(self, path: str | None) -> torch.Tensor:
         """The uploaded file as the model's uint8 (3, S, S) input; ImageLoadError if it is none."""

@@ -11,7 +11,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from mmtx.checkpoint import CheckpointError, load_task
-from mmtx.cli.common import CONFIG_DIR, DATA_FILE_KEYS, friendly_errors, generation_override, make_trainer, to_container
+from mmtx.cli.common import CONFIG_DIR, DATA_FILE_KEYS, friendly_errors, generation_override, to_container
 from mmtx.config_check import ConfigError, check_eval_config
 from mmtx.data.shards import shard_paths
 from mmtx.metrics.table import format_metrics_table
@@ -47,7 +47,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     datamodule.prepare_data()
     if not datamodule.has_split(cfg.split):
         raise ConfigError(f"split={cfg.split}: the data config has no files for it (set data.{cfg.split}.*)")
-    trainer = make_trainer(cfg, loggers=[], callbacks=[])
+    trainer = instantiate(cfg.trainer, logger=False, callbacks=[])
     # the loader is made by the trainer's processes, each reading its share of the split
     trainer.validate(task, datamodule=datamodule, verbose=False)
 

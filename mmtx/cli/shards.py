@@ -9,10 +9,10 @@ from pathlib import Path
 
 import hydra
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from mmtx.cli.common import CONFIG_DIR, absolute_data_paths, friendly_errors, to_container
-from mmtx.config_check import ConfigError, data_problems
+from mmtx.config_check import ConfigError, check_shards_config
 from mmtx.data.base import SPLITS
 from mmtx.data.shards.files import SHARD_LIST
 from mmtx.data.shards.write import caption_samples, vqa_samples, write_shard_list, write_shards
@@ -22,14 +22,7 @@ from mmtx.data.vqa import VqaDataModule
 
 def write(cfg: DictConfig) -> Path:
     """Write every split the data config has files for; returns the shard list's path."""
-    problems = data_problems(cfg.data)
-    if OmegaConf.is_missing(cfg, "out"):
-        problems.append("out is not set: give the folder to write the shards to, e.g. out=shards/")
-    for key in ("shard_size", "quality") + (("image_size",) if cfg.image_size is not None else ()):
-        if not (isinstance(cfg[key], int) and cfg[key] > 0):
-            problems.append(f"{key}={cfg[key]!r} must be a positive integer")
-    if problems:
-        raise ConfigError("invalid config:\n" + "\n".join(f"  {p}" for p in problems))
+    check_shards_config(cfg)
     absolute_data_paths(cfg.data)
     # the records only: no tokenizer is learned and no image is decoded before writing
     datamodule = instantiate(cfg.data, tokenizer=Tokenizer.train)

@@ -18,15 +18,7 @@ from omegaconf import DictConfig
 
 from mmtx.callbacks import Preempted
 from mmtx.checkpoint import check_resume, init_from, read_checkpoint
-from mmtx.cli.common import (
-    CONFIG_DIR,
-    absolute_data_paths,
-    friendly_errors,
-    instantiate_dict,
-    log,
-    make_trainer,
-    to_container,
-)
+from mmtx.cli.common import CONFIG_DIR, absolute_data_paths, friendly_errors, instantiate_dict, log, to_container
 from mmtx.config_check import check_train_config
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.metrics.table import format_metrics_table
@@ -74,7 +66,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     track = L.pytorch.callbacks.LambdaCallback(
         on_validation_end=lambda tr, _: tr.sanity_checking or validated_at.append(tr.global_step)
     )
-    trainer = make_trainer(cfg, loggers, [*instantiate_dict(cfg.get("callbacks")), track])
+    callbacks = [*instantiate_dict(cfg.get("callbacks")), track]
+    trainer = instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks)
     trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
     validates = trainer.limit_val_batches != 0  # trainer.limit_val_batches=0: no validation at all
     if validates and (not task.metrics or validated_at[-1:] != [trainer.global_step]):

@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from mmtx.attention_maps import attention_grid, question_maps, write_png
 from mmtx.checkpoint import CheckpointError, load_task
-from mmtx.cli.common import CONFIG_DIR, friendly_errors
+from mmtx.cli.common import CONFIG_DIR, friendly_errors, image_size
 from mmtx.config_check import ConfigError
 from mmtx.data.images import read_image
 from mmtx.data.transforms import build_resize, build_transforms, normalize_images
@@ -43,7 +43,7 @@ def main(cfg: DictConfig) -> None:
     task = load_task(cfg.ckpt, map_location=cfg.device)
     if not isinstance(task, AnswerTask):
         raise CheckpointError(f"{cfg.ckpt} is a {type(task).__name__} checkpoint, not a VQA one (task=vqa)")
-    size = cfg.image_size or (task.data_config or {}).get("image_size") or task.model.backbone.vision.image_size
+    size = image_size(task, cfg.image_size)
     if cfg.questions:
         records = read_vqa(cfg.questions, None, cfg.images)
         top = answer_questions(task, [(r.path, r.question) for r in records], size, cfg.batch_size, 1)
