@@ -23,6 +23,7 @@ from PIL import Image
 from mmtx.attention_maps import caption_maps, overlay, question_maps
 from mmtx.checkpoint import CheckpointError, load_task
 from mmtx.cli.common import CONFIG_DIR, friendly_errors, image_size
+from mmtx.cli.vqa import model_inputs
 from mmtx.data.images import ImageLoadError, read_image
 from mmtx.data.transforms import build_resize, normalize_images
 from mmtx.tasks.caption import CaptionTask
@@ -72,12 +73,9 @@ class Demo:
             pixels = self.pixels(path)
         except ImageLoadError as err:
             return f"**Not an image we can read:** {err.reason}", {}, None
-        task = self.task
-        ids, mask = task.tokenizer.encode_batch([question.strip()], task.model.backbone.text.max_length)
-        images = normalize_images(pixels[None].to(task.device))
-        ids, mask = ids.to(task.device), mask.to(task.device)
-        top = task.answer(images, ids, mask, k=5)[0]
-        return "", dict(top), _shown(overlay(pixels, question_maps(task.model, images, ids, mask)[0].cpu()))
+        inputs = model_inputs(self.task, pixels[None], [question.strip()])
+        top = self.task.answer(*inputs, k=5)[0]
+        return "", dict(top), _shown(overlay(pixels, question_maps(self.task.model, *inputs)[0].cpu()))
 
 
 def _shown(picture: Image.Image, side: int = 320) -> Image.Image:

@@ -14,7 +14,7 @@ from mmtx.checkpoint import CheckpointError, load_task
 from mmtx.cli.common import CONFIG_DIR, friendly_errors, image_size
 from mmtx.config_check import ConfigError
 from mmtx.data.images import read_image
-from mmtx.data.transforms import build_resize, build_transforms, normalize_images
+from mmtx.data.transforms import build_resize, normalize_images
 from mmtx.data.vqa.files import read_vqa
 from mmtx.tasks.vqa import AnswerTask
 
@@ -23,15 +23,19 @@ def answer_questions(
     task: AnswerTask, pairs: list[tuple[str | Path, str]], image_size: int, batch_size: int, k: int
 ) -> list[list[tuple[str, float]]]:
     """The top ``k`` (answer, score) for each (image file, question), in order."""
-    transform = build_transforms(image_size, train=False)
-    max_length = task.model.backbone.text.max_length
+    resize = build_resize(image_size)
     results = []
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
-        images = torch.stack([transform(read_image(path)) for path, _ in chunk]).to(task.device)
-        ids, mask = task.tokenizer.encode_batch([q for _, q in chunk], max_length)
-        results += task.answer(images, ids.to(task.device), mask.to(task.device), k=k)
+        pixels = torch.stack([resize(read_image(path)) for path, _ in chunk])
+        results += task.answer(*model_inputs(task, pixels, [q for _, q in chunk]), k=k)
     return results
+
+
+def model_inputs(task: AnswerTask, pixels: torch.Tensor, questions: list[str]) -> tuple[torch.Tensor, ...]:
+    """The model's inputs on its device: uint8 images (B, 3, S, S) normalised, the questions' ids and mask."""
+    ids, mask = task.tokenizer.encode_batch(questions, task.model.backbone.text.max_length)
+    return normalize_images(pixels.to(task.device)), ids.to(task.device), mask.to(task.device)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="vqa")
@@ -63,9 +67,7 @@ def question_map_png(task: AnswerTask, image: str, question: str, answer: str, s
     """``folder/NAME.png``: the image with the question, and where the question looked in it
     (`mmtx.attention_maps.question_maps`) under the answer."""
     pixels = build_resize(size)(read_image(image))
-    ids, mask = task.tokenizer.encode_batch([question], task.model.backbone.text.max_length)
-    images = normalize_images(pixels[None].to(task.device))
-    maps = question_maps(task.model, images, ids.to(task.device), mask.to(task.device))
+    maps = question_maps(task.model, *model_inputs(task, pixels[None], [question]))
     return write_png(attention_grid(pixels, question, [answer], maps.cpu(), columns=2), Path(folder), Path(image).stem)
 
 
