@@ -90,6 +90,7 @@ def word_maps(weights: Tensor, grid: tuple[int, int], prefix: int = 1) -> Tensor
     return last.unflatten(-1, grid)
 
 
+@torch.no_grad()
 def caption_maps(task, images: Tensor, ids: Tensor) -> list[tuple[list[str], Tensor]]:
     """For each image (B, 3, H, W) and its generated ``ids`` (B, L: no BOS, padded after EOS)
     from a `CaptionTask`: its tokens as text and their maps (n, h, w), one per token up to EOS."""

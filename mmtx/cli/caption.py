@@ -33,9 +33,7 @@ def caption_files(cfg: DictConfig) -> list[str]:
         texts = task.tokenizer.decode_batch(ids.cpu())
         captions += texts
         if folder is not None:
-            with torch.no_grad():
-                maps = caption_maps(task, images, ids)
-            for path, image, text, (words, word_maps) in zip(chunk, pixels, texts, maps):
+            for path, image, text, (words, word_maps) in zip(chunk, pixels, texts, caption_maps(task, images, ids)):
                 write_png(attention_grid(image, text, words, word_maps), folder, Path(path).stem)
     return captions
 
