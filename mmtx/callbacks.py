@@ -59,14 +59,11 @@ class TrainingTime(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start = time.monotonic()
 
-    def minutes(self, trainer: L.Trainer) -> float:
-        timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
-        seconds = timer.time_elapsed() if timer is not None else time.monotonic() - self._start
-        return seconds / 60
-
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking and trainer.state.fn == "fit":
-            pl_module.log("val/minutes", self.minutes(trainer), sync_dist=False, rank_zero_only=True)
+            timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+            seconds = timer.time_elapsed() if timer is not None else time.monotonic() - self._start
+            pl_module.log("val/minutes", seconds / 60, sync_dist=False, rank_zero_only=True)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -90,8 +87,7 @@ class NonFiniteLoss(L.Callback):
         self._discard = False
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
-        finite = trainer.strategy.reduce_boolean_decision(bool(torch.isfinite(loss).all()), all=True)
-        if finite:
+        if trainer.strategy.reduce_boolean_decision(bool(torch.isfinite(loss).all()), all=True):
             return
         if self.action == "skip":
             self._discard = True
