@@ -56,19 +56,15 @@ def main(cfg: DictConfig) -> None:
         Path(cfg.predictions).write_text(json.dumps(results))
         print(f"answered {len(results)} questions: {cfg.predictions}")
     else:
-        top = answer_questions(task, [(cfg.image, cfg.question)], size, 1, cfg.top_k)[0]
+        pixels = build_resize(size)(read_image(cfg.image))
+        inputs = model_inputs(task, pixels[None], [cfg.question])
+        top = task.answer(*inputs, k=cfg.top_k)[0]
         for answer, score in top:
             print(f"{score:.4f}\t{answer}")
-        if cfg.get("attention"):
-            print(f"attention map: {question_map_png(task, cfg.image, cfg.question, top[0][0], size, cfg.attention)}")
-
-
-def question_map_png(task: AnswerTask, image: str, question: str, answer: str, size: int, folder: str) -> Path:
-    """``folder/NAME.png``: the image with the question, and where the question looked in it
-    (`mmtx.attention_maps.question_maps`) under the answer."""
-    pixels = build_resize(size)(read_image(image))
-    maps = question_maps(task.model, *model_inputs(task, pixels[None], [question]))
-    return write_png(attention_grid(pixels, question, [answer], maps.cpu(), columns=2), Path(folder), Path(image).stem)
+        if cfg.get("attention"):  # the image with the question, and where it looked under the answer
+            maps = question_maps(task.model, *inputs).cpu()
+            grid = attention_grid(pixels, cfg.question, [top[0][0]], maps, columns=2)
+            print(f"attention map: {write_png(grid, Path(cfg.attention), Path(cfg.image).stem)}")
 
 
 if __name__ == "__main__":
