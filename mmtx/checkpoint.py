@@ -96,8 +96,8 @@ def load_task(path: str | Path, map_location: str | torch.device = "cpu") -> L.L
 
 
 def rebuild_task(ckpt: dict[str, Any], path: str | Path) -> L.LightningModule:
-    """The task that wrote the already-read checkpoint ``ckpt``, built from its settings, without
-    its weights (under ``torch.device("meta")``: no memory, no time)."""
+    """The task that wrote the already-read checkpoint ``ckpt``, built from its settings, its
+    weights as initialised (built under ``torch.device("meta")``: none, no memory, no time)."""
     cls = task_class(ckpt, path)
     try:
         return cls(**_entry(ckpt, "hyper_parameters", path), data_config=ckpt.get(DATA_KEY))
