@@ -235,11 +235,8 @@ def read_karpathy(
 
 
 def write_coco_captions(
-    records: Iterable[CaptionRecord],
-    path: str | os.PathLike,
-    images: str | os.PathLike,
-    sizes: Mapping[int, tuple[int, int]] | None = None,
-    info: Mapping[str, Any] | None = None,
+    records: Iterable[CaptionRecord], path: str | os.PathLike, images: str | os.PathLike,
+    sizes: Mapping[int, tuple[int, int]] | None = None, info: Mapping[str, Any] | None = None,
 ) -> None:
     """Write `records` as an official COCO captions JSON file, atomically.
 

@@ -52,9 +52,7 @@ class VqaRecord:
 
 
 def read_vqa(
-    questions: str | os.PathLike,
-    annotations: str | os.PathLike | None,
-    images: str | os.PathLike,
+    questions: str | os.PathLike, annotations: str | os.PathLike | None, images: str | os.PathLike,
     skipped: list[str] | None = None,
 ) -> list[VqaRecord]:
     """Read an official VQA questions file, its annotations file if given, and locate the images.
@@ -104,9 +102,7 @@ def read_vqa(
 
 
 def write_vqa(
-    records: Iterable[VqaRecord],
-    questions_path: str | os.PathLike,
-    annotations_path: str | os.PathLike | None,
+    records: Iterable[VqaRecord], questions_path: str | os.PathLike, annotations_path: str | os.PathLike | None,
     data_subtype: str,
 ) -> None:
     """Write `records` as an official VQA questions file and, unless `annotations_path` is None
