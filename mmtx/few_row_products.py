@@ -42,8 +42,7 @@ def pays_on_this_cpu() -> bool:
 def pays(x: Tensor, weight: Tensor) -> bool:
     """Whether ``F.linear(x, weight)`` is one of the products the few-row layout speeds up."""
     return (
-        x.dtype == torch.float32
-        and weight.dtype == torch.float32
+        x.dtype == weight.dtype == torch.float32
         and x.device.type == "cpu"
         and x.shape[-1] > 0
         and 0 < x.numel() // x.shape[-1] <= MAX_ROWS

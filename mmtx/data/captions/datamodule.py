@@ -29,9 +29,8 @@ class CaptionDataset(ImageTextDataset):
     (`PackedList`), so that loader workers reading them do not copy them.
     """
 
-    def __init__(
-        self, records: list[CaptionRecord], transform: Any, pairs: bool, on_bad_image: Policy = "error"
-    ) -> None:
+    def __init__(self, records: list[CaptionRecord], transform: Any, pairs: bool,
+                 on_bad_image: Policy = "error") -> None:  # fmt: skip
         super().__init__(transform, on_bad_image)
         self.records = PackedList(records)
         counts = np.array([len(rec.captions) for rec in records] if pairs else [1] * len(records), dtype=np.int64)

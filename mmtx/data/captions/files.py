@@ -61,8 +61,7 @@ def read_coco_captions(
     `AnnotationError` naming them all, or with a ``skipped`` list are left out (an image
     entry with its captions; a repeated image id keeps its first entry) and described there.
     """
-    file = Path(annotations)
-    root = Path(images)
+    file, root = Path(annotations), Path(images)
     data = load_json_object(file)
     image_entries = require(data, "images", list, file, "")
     ann_entries = require(data, "annotations", list, file, "")
@@ -127,10 +126,10 @@ def read_pairs(
             given = row.get("caption")
             texts = given if isinstance(given, list) and given else [require(row, "caption", str, file, where)]
             for k, text in enumerate(texts):  # a list's items: strings of valid text, as `require` checks one
-                if not isinstance(text, str) or invalid_text(text):
-                    problem = invalid_text(text) if isinstance(text, str) else f"expected a string, got {json_type(text)}"
+                problem = invalid_text(text) if isinstance(text, str) else f"expected a string, got {json_type(text)}"
+                if problem:
                     raise AnnotationError(f"{file}: {where}.caption[{k}]: {problem}")
-            cleaned = [_clean_caption(t, file, f"{where}.caption") for t in texts]
+            cleaned = [_clean_caption(t, file, f"{where}.caption") for t in texts]  # before the image is added
             captions.setdefault(path, []).extend(cleaned)
         except AnnotationError as err:
             problems.add(err)
@@ -187,8 +186,7 @@ def read_karpathy(
     ``tokens`` joined by spaces when ``raw`` is missing. Records are sorted by image id.
     Bad entries (and bad sentences) raise or are skipped as in `read_coco_captions`.
     """
-    file = Path(annotations)
-    root = Path(images)
+    file, root = Path(annotations), Path(images)
     data = load_json_object(file)
     entries = require(data, "images", list, file, "")
     problems = EntryProblems(file, skipped)
@@ -214,10 +212,7 @@ def read_karpathy(
             continue
         where = f"images[{i}]"
         try:
-            if entry.get("cocoid") is not None:
-                image_id = require(entry, "cocoid", int, file, where)
-            else:
-                image_id = require(entry, "imgid", int, file, where)
+            image_id = require(entry, "cocoid" if entry.get("cocoid") is not None else "imgid", int, file, where)
             if image_id in records:
                 raise AnnotationError(f"{file}: {where}: duplicate image id {image_id} in split {split!r}")
             filename = require(entry, "filename", str, file, where)
@@ -240,11 +235,8 @@ def read_karpathy(
 
 
 def write_coco_captions(
-    records: Iterable[CaptionRecord],
-    path: str | os.PathLike,
-    images: str | os.PathLike,
-    sizes: Mapping[int, tuple[int, int]] | None = None,
-    info: Mapping[str, Any] | None = None,
+    records: Iterable[CaptionRecord], path: str | os.PathLike, images: str | os.PathLike,
+    sizes: Mapping[int, tuple[int, int]] | None = None, info: Mapping[str, Any] | None = None,
 ) -> None:
     """Write `records` as an official COCO captions JSON file, atomically.
 

@@ -33,9 +33,10 @@ from mmtx.data.vqa.files import VqaRecord
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")  # the first one a sample has is its image
 SHARD_LIST = "shards.json"  # what mmtx-shards writes beside its shards: {split: {shards, samples}}
+Shards = str | os.PathLike | Iterable[str | os.PathLike]  # what `shard_paths` takes
 
 
-def shard_paths(shards: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
+def shard_paths(shards: Shards) -> list[Path]:
     """The shard files ``shards`` names: a path, a brace pattern (``shards/{00000..00099}.tar``),
     a list of either, or a ``shards.json`` written by mmtx-shards (its shards of every split,
     in order; pick one split with ``DIR/shards.json:train``)."""
@@ -64,9 +65,7 @@ def _listed(file: Path, split: str | None) -> list[Path]:
     return [file.parent / name for entry in chosen for name in entry.get("shards", [])]
 
 
-def read_shards(
-    shards: str | os.PathLike | Iterable[str | os.PathLike], skipped: list[str] | None = None
-) -> list[CaptionRecord]:
+def read_shards(shards: Shards, skipped: list[str] | None = None) -> list[CaptionRecord]:
     """One `CaptionRecord` per sample of ``shards`` (see `shard_paths`), its image a `FileSlice`.
 
     A sample's captions are its ``.json``'s ``captions`` (a list: all of the image's references),
@@ -84,9 +83,7 @@ def read_shards(
     return [CaptionRecord(i, image, captions) for i, (image, _, captions) in zip(ids, samples)]
 
 
-def read_vqa_shards(
-    shards: str | os.PathLike | Iterable[str | os.PathLike], skipped: list[str] | None = None
-) -> list[VqaRecord]:
+def read_vqa_shards(shards: Shards, skipped: list[str] | None = None) -> list[VqaRecord]:
     """One `VqaRecord` per question of ``shards``: each sample's ``.json`` holds its ``image_id``
     and ``questions``, a list of VQA v2 entries (``question_id``, ``question``, ``answers``: the
     annotators' answers, optional ``answer_type`` / ``question_type``), as mmtx-shards writes
@@ -103,8 +100,7 @@ T = TypeVar("T")
 
 
 def _read(
-    shards: str | os.PathLike | Iterable[str | os.PathLike], skipped: list[str] | None,
-    parse: Callable[[Path, str, dict[str, Any], dict[str, bytes]], T],
+    shards: Shards, skipped: list[str] | None, parse: Callable[[Path, str, dict[str, Any], dict[str, bytes]], T]
 ) -> list[tuple[FileSlice, dict[str, Any], T]]:
     """(image, ``.json`` object, ``parse(shard, key, .json object, texts)``) for every good sample of
     ``shards``; what `_image_and_meta` or ``parse`` raise is collected as in `read_shards`."""

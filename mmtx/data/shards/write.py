@@ -77,12 +77,10 @@ def write_shards(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     names, samples, left_out = [], 0, []
-    count = -(-len(records) // shard_size)
     with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool, tqdm(
         total=len(records), desc=f"writing {split} shards", unit="img", file=sys.stderr, disable=None
     ) as bar:
-        for k in range(count):
-            start = k * shard_size
+        for k, start in enumerate(range(0, len(records), shard_size)):
             chunk = records[start : start + shard_size]
             name = f"{split}-{k:05d}.tar"
             names.append(name)

@@ -52,9 +52,7 @@ class VqaRecord:
 
 
 def read_vqa(
-    questions: str | os.PathLike,
-    annotations: str | os.PathLike | None,
-    images: str | os.PathLike,
+    questions: str | os.PathLike, annotations: str | os.PathLike | None, images: str | os.PathLike,
     skipped: list[str] | None = None,
 ) -> list[VqaRecord]:
     """Read an official VQA questions file, its annotations file if given, and locate the images.
@@ -98,22 +96,13 @@ def read_vqa(
     else:
         labels = {}
     paths = _locate_images(root, {image_id for image_id, _ in parsed.values()}, subtype, questions_file, skipped)
-    records = []
-    for question_id in sorted(parsed):
-        image_id, text = parsed[question_id]
-        if image_id not in paths:  # several files for it: in `skipped`
-            continue
-        answers, answer_type, question_type = labels.get(question_id, ((), None, None))
-        records.append(
-            VqaRecord(question_id, image_id, paths[image_id], text, answers, answer_type, question_type)
-        )
-    return records
+    return [VqaRecord(question_id, image_id, paths[image_id], text, *labels.get(question_id, ((), None, None)))
+            for question_id, (image_id, text) in sorted(parsed.items())
+            if image_id in paths]  # an image with several files is left out (in `skipped`)
 
 
 def write_vqa(
-    records: Iterable[VqaRecord],
-    questions_path: str | os.PathLike,
-    annotations_path: str | os.PathLike | None,
+    records: Iterable[VqaRecord], questions_path: str | os.PathLike, annotations_path: str | os.PathLike | None,
     data_subtype: str,
 ) -> None:
     """Write `records` as an official VQA questions file and, unless `annotations_path` is None
@@ -130,24 +119,20 @@ def write_vqa(
         if record.question_id in seen:
             raise ValueError(f"duplicate question id {record.question_id} while writing {questions_path}")
         seen.add(record.question_id)
-        question_entries.append(
-            {"image_id": record.image_id, "question": record.question, "question_id": record.question_id}
-        )
+        question = {"image_id": record.image_id, "question": record.question, "question_id": record.question_id}
+        question_entries.append(question)
         if annotations_path is None:
             continue
         if not record.answers:
             raise ValueError(f"question {record.question_id} has no answers to write to {annotations_path}")
-        entry: dict[str, Any] = {"question_id": record.question_id, "image_id": record.image_id}
-        if record.question_type is not None:
-            entry["question_type"] = record.question_type
-        if record.answer_type is not None:
-            entry["answer_type"] = record.answer_type
-        entry["answers"] = [
-            {"answer": answer, "answer_confidence": "yes", "answer_id": k}
-            for k, answer in enumerate(record.answers, start=1)
-        ]
-        entry["multiple_choice_answer"] = Counter(record.answers).most_common(1)[0][0]
-        annotation_entries.append(entry)
+        types = (("question_type", record.question_type), ("answer_type", record.answer_type))
+        annotation_entries.append({
+            "question_id": record.question_id, "image_id": record.image_id,
+            **{key: value for key, value in types if value is not None},
+            "answers": [{"answer": answer, "answer_confidence": "yes", "answer_id": k}
+                        for k, answer in enumerate(record.answers, start=1)],
+            "multiple_choice_answer": Counter(record.answers).most_common(1)[0][0],
+        })  # fmt: skip
 
     header = {"info": {"description": "written by mmtx"}, "license": {}, "data_subtype": data_subtype}
     atomic_write_json(Path(questions_path), {**header, "task_type": "Open-Ended", "questions": question_entries})
