@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Step-matched learning screens on one GPU: many small `learning_curves.py` runs side by side.
+#
+# A CPU's 8-minute budget holds a known number of steps for each model size (measure it on that CPU:
+# README "What to expect"). On a GPU the same runs, given that many steps (trainer.max_steps, the
+# schedule annealed to them) instead of minutes, tell in minutes what the CPU would take hours to
+# screen: which sizes and settings learn most within the steps the CPU affords them. Run the winners
+# on the CPU itself, for the time budget, before changing a default.
+#
+# Usage: bash scripts/gpu_step_screens.sh SPEC OUT_DIR [JOBS] [SECONDS]
+#   SPEC: one screen per line, "NAME mmtx-train overrides..." (give each its trainer.max_steps=N;
+#   `seed=S` picks the seed); lines starting with '#' are comments. JOBS screens run at a time
+#   (default 8); none starts after SECONDS (default 420), and RUN_LIMIT seconds (default 240) stop
+#   any one. Each screen's curves.json and logs go to OUT_DIR/NAME; OUT_DIR/screens.tgz packs them
+#   all (no checkpoints). CURVES_ARGS adds options of learning_curves.py (e.g. "--num-train 300");
+#   SCREEN_ACCELERATOR=cpu runs the screens on the CPU (to try a spec out).
+set -uo pipefail
+USAGE="usage: gpu_step_screens.sh SPEC OUT_DIR [JOBS] [SECONDS]"
+SPEC=$(realpath "${1:?$USAGE}") || exit 2
+OUT=$(realpath -m "${2:?$USAGE}")
+JOBS=${3:-8} LIMIT=${4:-420}
+mkdir -p "$OUT" "$OUT/.bin"
+export PYTHONUNBUFFERED=1 WANDB_MODE=offline OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+export MMTX_DATA_DIR=${MMTX_DATA_DIR:-$OUT/.data} PATH=$OUT/.bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# learning_curves.py calls mmtx-train: the checkout's, installed or not
+printf '#!/bin/sh\nexec %q -m mmtx.cli.train "$@"\n' "$(command -v python3)" >"$OUT/.bin/mmtx-train"
+chmod +x "$OUT/.bin/mmtx-train"
+# fp32, as on a CPU without native bf16; a step budget instead of the CPU preset's minutes
+COMMON=(trainer.accelerator="${SCREEN_ACCELERATOR:-gpu}" trainer.precision=32-true trainer.max_time=null)
+read -ra CURVES <<<"${CURVES_ARGS:-}"
+
+screen() {  # NAME OVERRIDES...
+    local name=$1 start=$SECONDS rc
+    shift
+    timeout -k 5 "${RUN_LIMIT:-240}" python3 scripts/learning_curves.py --tasks caption --seeds 1 --only-variants \
+        "${CURVES[@]}" --variant "$name=$*" --out "$OUT/$name" --set "${COMMON[@]}" >"$OUT/$name.log" 2>&1
+    rc=$?
+    echo "[$SECONDS s] $name rc=$rc in $((SECONDS - start)) s: $(grep -h "^caption $name:" "$OUT/$name.log")"
+    return $rc
+}
+
+# one short run first, so that the screens share the data it generates instead of each making it
+screen warm trainer.max_steps=1 || { tail -n 20 "$OUT/warm.log"; exit 1; }
+T0=$SECONDS
+while read -r line; do
+    [[ $line =~ ^[[:space:]]*(#|$) ]] && continue
+    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do sleep 1; done
+    [ $((SECONDS - T0)) -lt "$LIMIT" ] || { echo "time up, not started: $line"; continue; }
+    # shellcheck disable=SC2086
+    screen $line &
+done <"$SPEC"
+wait
+packed=$(mktemp) && tar czf "$packed" -C "$OUT" --exclude=.data --exclude=.bin --exclude=screens.tgz --exclude='*.ckpt' \
+    --exclude=tokenizer.json . && mv "$packed" "$OUT/screens.tgz"
