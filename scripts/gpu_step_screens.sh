@@ -7,7 +7,7 @@
 # screen: which sizes and settings learn most within the steps the CPU affords them. Run the winners
 # on the CPU itself, for the time budget, before changing a default.
 #
-# Usage: bash scripts/gpu_step_screens.sh SPEC OUT_DIR [JOBS] [SECONDS]
+# Usage: bash scripts/gpu_step_screens.sh SPEC OUT_DIR [JOBS] [SECONDS]   (from any directory)
 #   SPEC: one screen per line, "NAME mmtx-train overrides..." (give each its trainer.max_steps=N;
 #   `seed=S` picks the seed); lines starting with '#' are comments. JOBS screens run at a time
 #   (default 8); none starts after SECONDS (default 420), and RUN_LIMIT seconds (default 240) stop
@@ -19,6 +19,7 @@ USAGE="usage: gpu_step_screens.sh SPEC OUT_DIR [JOBS] [SECONDS]"
 SPEC=$(realpath "${1:?$USAGE}") || exit 2
 OUT=$(realpath -m "${2:?$USAGE}")
 JOBS=${3:-8} LIMIT=${4:-420}
+cd "$(dirname "$(realpath "$0")")/.." || exit 2   # the checkout this script belongs to
 mkdir -p "$OUT" "$OUT/.bin"
 export PYTHONUNBUFFERED=1 WANDB_MODE=offline OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 export MMTX_DATA_DIR=${MMTX_DATA_DIR:-$OUT/.data} PATH=$OUT/.bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
