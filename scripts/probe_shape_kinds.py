@@ -12,7 +12,9 @@ JSON line: the share of scenes each probe gets right, and the majority-class bas
 initialised and trained for SECONDS on the kind labels of the probe's training scenes (a linear
 layer on the same pooled features, AdamW at that preset's learning rate, batches of 64 scenes,
 bf16 autocast where the CPU has native bf16), then probed like the checkpoints: what the
-architecture learns of the kinds when it is told them directly.
+architecture learns of the kinds when it is told them directly. ``--override KEY=VALUE`` (repeatable)
+changes that stream's config first, to compare variants in seconds, e.g.
+``--fresh 16 --override model.backbone.vision.depth=2``.
 
 Why: VQA and retrieval on shapes fail where a question or a caption turns on a shape's kind,
 while the captioner names kinds right; the probe says whether the encoder has the kinds at all.
@@ -69,16 +71,19 @@ def checkpoint_encoder(task: torch.nn.Module) -> Callable[[Tensor], Tensor]:
     return model.encoder
 
 
-def fresh_encoder(images: Tensor, labels: Tensor, seconds: float, image_size: int) -> Callable[[Tensor], Tensor]:
-    """``experiment=vqa_shapes``'s vision stream trained from scratch for ``seconds`` on the kind
-    labels directly (a linear layer on its `pooled` tokens, binary cross-entropy per kind)."""
+def fresh_encoder(
+    images: Tensor, labels: Tensor, seconds: float, image_size: int, overrides: list[str]
+) -> Callable[[Tensor], Tensor]:
+    """``experiment=vqa_shapes``'s vision stream (with Hydra ``overrides``) trained from scratch for
+    ``seconds`` on the kind labels directly (a linear layer on its `pooled` tokens, binary
+    cross-entropy per kind)."""
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
     from mmtx.cli.common import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(config_name="train", overrides=["experiment=vqa_shapes", f"data.image_size={image_size}"])
+        cfg = compose(config_name="train", overrides=["experiment=vqa_shapes", f"data.image_size={image_size}", *overrides])
     encoder = instantiate(cfg.model.backbone.vision)
     head = torch.nn.Linear(3 * encoder.dim, labels.shape[1])
     params = [*encoder.parameters(), *head.parameters()]
@@ -126,9 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--fresh", type=float, default=0.0, metavar="SECONDS",
                         help="also train experiment=vqa_shapes's vision stream on the kind labels for SECONDS, then probe it")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Hydra override of the --fresh encoder's config (repeatable), e.g. model.backbone.vision.depth=2")
     args = parser.parse_args(argv)
     if args.train < 2 or args.val < 1 or args.fresh < 0:
         parser.error("--train must be at least 2, --val at least 1 and --fresh not negative")
+    if args.override and not args.fresh:
+        parser.error("--override changes the --fresh stream's config: give --fresh SECONDS too")
     if not args.checkpoints and not args.fresh:
         parser.error("give checkpoints to probe, --fresh SECONDS, or both")
     torch.manual_seed(0)
@@ -141,9 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         accuracy = probe_accuracy(image_features(encode, x_train), y_train, image_features(encode, x_val), y_val)
         result[path] = [round(a, 3) for a in accuracy]
     if args.fresh:
-        encode = fresh_encoder(x_train, y_train, args.fresh, args.image_size)
+        encode = fresh_encoder(x_train, y_train, args.fresh, args.image_size, args.override)
         accuracy = probe_accuracy(image_features(encode, x_train), y_train, image_features(encode, x_val), y_val)
-        result[f"fresh encoder, {args.fresh:g} s on the kinds"] = [round(a, 3) for a in accuracy]
+        name = " ".join(["fresh encoder", *args.override])
+        result[f"{name}, {args.fresh:g} s on the kinds"] = [round(a, 3) for a in accuracy]
     print(json.dumps(result))
     return 0
 

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import ConfigCompositionException
 from PIL import Image
 
 from mmtx.checkpoint import DATA_KEY, load_task, read_checkpoint
@@ -686,6 +687,12 @@ def test_kind_probe_script_trains_a_fresh_vision_stream_on_the_kinds_as_a_refere
     result = json.loads(capsys.readouterr().out)
     shares = result["fresh encoder, 1 s on the kinds"]
     assert len(shares) == 3 and all(0.0 <= s <= 1.0 for s in shares)
+    # --override reaches the fresh stream's config: a variant of it is probed under its own name
+    small = ["--fresh", "1", "--train", "24", "--val", "12", "--image-size", "32", "--override", "model.backbone.vision.depth=0"]
+    assert probe.main(small) == 0
+    assert "fresh encoder model.backbone.vision.depth=0, 1 s on the kinds" in json.loads(capsys.readouterr().out)
+    with pytest.raises(ConfigCompositionException, match="no_such_key"):
+        probe.main([*small[:-1], "model.backbone.vision.no_such_key=1"])
     with pytest.raises(SystemExit):  # nothing to probe
         probe.main(["--train", "24"])
     assert "give checkpoints to probe, --fresh SECONDS, or both" in capsys.readouterr().err

@@ -116,10 +116,10 @@ def test_every_sample_is_seen_once_per_epoch_by_any_number_of_processes(tmp_path
     seen = []
     for rank in range(2):
         sampler = ShardedBatchSampler(len(dataset), 2, shuffle=True, drop_last=True, seed=0, rank=rank, world_size=2)
-        seen += [dataset.example(i, None)["caption"] for batch in sampler for i, _ in batch]
+        seen += [dataset.example(i, dataset.record(i), None)["caption"] for batch in sampler for i, _ in batch]
     assert len(seen) == len(set(seen)) == 12  # 3 global batches of 2 x 2: every sample once
     single = ShardedBatchSampler(len(dataset), 4, shuffle=True, drop_last=True, seed=0)
-    assert sorted(dataset.example(i, None)["caption"] for batch in single for i, _ in batch) == sorted(seen)
+    assert sorted(dataset.example(i, dataset.record(i), None)["caption"] for batch in single for i, _ in batch) == sorted(seen)
 
 
 def test_a_corrupt_image_inside_a_shard_is_named_by_shard_and_key(tmp_path: Path) -> None:

@@ -348,25 +348,31 @@ class ImageTextDataset(Dataset):
             return self.memory[path]
         return self.transform(read_image(path))
 
-    def image_path(self, i: int) -> Path:
+    def record(self, i: int) -> Any:
+        """Example ``i``'s record (anything with the image's ``path``): read once per example, as
+        unpickling a packed record is a good share of a small model's loading time."""
         raise NotImplementedError
 
-    def example(self, i: int, image: Tensor) -> dict[str, Any]:
+    def example(self, i: int, record: Any, image: Tensor) -> dict[str, Any]:
+        """Example ``i`` from its `record` and its loaded image."""
         raise NotImplementedError
+
+    def image_path(self, i: int) -> Path:
+        return self.record(i).path
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         failures: list[tuple[str, str]] = []
         for step in range(len(self)):
             j = (i + step) % len(self)
-            path = self.image_path(j)
-            if any(path == Path(failed) for failed, _ in failures):
+            record = self.record(j)
+            if any(record.path == Path(failed) for failed, _ in failures):
                 continue  # another text of the same image
             try:
-                image = self.image(path)
+                image = self.image(record.path)
             except ImageLoadError as err:
                 if self.on_bad_image == "error" and get_worker_info() is None:
                     raise ImageLoadError(err.path, f"{err.reason} ({DECODE_HINT})") from err
                 failures.append((str(err.path), err.reason))
                 continue
-            return {**self.example(j, image), FAILURES_KEY: failures}
+            return {**self.example(j, record, image), FAILURES_KEY: failures}
         raise ImageLoadError(self.image_path(i), "no image of this split can be loaded")

@@ -71,4 +71,4 @@ class ImagesInMemory:
 
 
 def _key(source: ImageSource) -> Path | FileSlice:
-    return source if isinstance(source, FileSlice) else Path(source)
+    return source if isinstance(source, (FileSlice, Path)) else Path(source)

@@ -6,7 +6,6 @@ where its records come from, and the base classes do the rest (datasets, batchin
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,12 +40,11 @@ class CaptionDataset(ImageTextDataset):
     def __len__(self) -> int:
         return len(self.index)
 
-    def image_path(self, i: int) -> Path:
-        return self.records[int(self.index[i, 0])].path
+    def record(self, i: int) -> CaptionRecord:
+        return self.records[int(self.index[i, 0])]
 
-    def example(self, i: int, image: torch.Tensor) -> dict[str, Any]:
-        r, c = self.index[i].tolist()
-        rec = self.records[r]
+    def example(self, i: int, rec: CaptionRecord, image: torch.Tensor) -> dict[str, Any]:
+        c = int(self.index[i, 1])
         return {
             "image": image,
             "caption": rec.captions[c] if rec.captions else "",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,11 +25,10 @@ class VqaDataset(ImageTextDataset):
     def __len__(self) -> int:
         return len(self.records)
 
-    def image_path(self, i: int) -> Path:
-        return self.records[i].path
+    def record(self, i: int) -> VqaRecord:
+        return self.records[i]
 
-    def example(self, i: int, image: torch.Tensor) -> dict[str, Any]:
-        rec = self.records[i]
+    def example(self, i: int, rec: VqaRecord, image: torch.Tensor) -> dict[str, Any]:
         return {
             "image": image,
             "question": rec.question,
