@@ -13,13 +13,15 @@ Tasks: ``caption`` (default captioner; CIDEr, BLEU-4 and, on shapes, caption cor
 ``pretrain`` (``experiment=pretrain_shapes``; alignment accuracy, R@1 both ways), ``vqa``
 (``experiment=vqa_shapes`` from scratch) and ``vqa_from_pretrain`` (the same, ``init_from=`` the
 ``pretrain`` run of the same seed and variant, at ``task.lr=5e-4 data.batch_size=64``: a variant's overrides apply to
-the whole chain, so an architecture change is pretrained and fine-tuned alike). Runs already
+the whole chain, so an architecture change is pretrained and fine-tuned alike; an override written
+``TASK:key=value`` applies to that task's runs only, e.g. a pretraining objective's weight). Runs already
 finished in ``OUT/runs`` are reused, so an interrupted sweep continues where it stopped; every
 variant ever run stays in the output.
 
     python scripts/learning_curves.py --tasks caption --minutes 8 --seeds 2 --out curves
     python scripts/learning_curves.py --tasks caption --variant p16="model.encoder.patch_size=16" --out curves
     python scripts/learning_curves.py --tasks pretrain,vqa,vqa_from_pretrain --seeds 3 --out curves
+    python scripts/learning_curves.py --tasks pretrain,vqa_from_pretrain --variant nompm="pretrain:task.objectives.mpm=0"
 
 Measure with nothing else running: runs are timed, and two torch processes on a few cores slow
 each other down several-fold. Needs ``pip install -e '.[curves]'`` (matplotlib) for the PNG.
@@ -64,8 +66,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--minutes", type=float, default=8.0, help="each run's training budget (trainer.max_time)")
     p.add_argument("--seeds", type=int, default=2, help="runs per task and variant, seeds 0..N-1")
     p.add_argument("--variant", action="append", default=[], metavar='NAME="k=v k=v"',
-                   help="an ablation: a name and the overrides it adds to every task's run (repeatable); "
-                        "'base' (no overrides) always runs")
+                   help="an ablation: a name and the overrides it adds to every task's run (repeatable; "
+                        "TASK:key=value for one task's runs only); 'base' (no overrides) always runs")
     p.add_argument("--only-variants", action="store_true", help="run the --variant ablations without 'base'")
     p.add_argument("--num-train", type=int, default=3000, help="shapes training images")
     p.add_argument("--num-val", type=int, default=300, help="shapes validation images")
@@ -73,6 +75,19 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("learning_curves"))
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides for every run")
     return p.parse_args()
+
+
+def for_task(overrides: list[str], task: str) -> list[str]:
+    """A variant's overrides for one task's runs: ``TASK:key=value`` only for TASK, the rest for all."""
+    picked = []
+    for override in overrides:
+        prefix, sep, rest = override.partition(":")
+        if sep and prefix in TASKS:
+            if prefix == task:
+                picked.append(rest)
+        else:
+            picked.append(override)
+    return picked
 
 
 def run_dir(out: Path, task: str, variant: str, seed: int) -> Path:
@@ -182,6 +197,7 @@ def main() -> None:
     for task in order:
         keys = TASKS[task][1]
         for variant, overrides in variants.items():
+            overrides = for_task(overrides, task)
             entry = results["tasks"].setdefault(task, {}).setdefault(variant, {"overrides": overrides, "seeds": {}})
             for seed in range(args.seeds):
                 directory = train(args, task, variant, overrides, seed)
