@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import logging
 import pickle
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from hydra.utils import get_class
-from torch import nn
+from torch import Tensor, nn
 
 from mmtx.data.bad_data import listing
 from mmtx.export import task_from_export
@@ -195,19 +195,26 @@ def _shown(value: Any) -> str:
 
 
 def init_from(
-    module: nn.Module, ckpt: dict[str, Any], path: str | Path, renames: Mapping[str, str] | None = None
+    module: nn.Module, ckpt: dict[str, Any], path: str | Path, renames: Mapping[str, str] | None = None,
+    new_tokens: Mapping[int, Sequence[int]] | None = None,
 ) -> tuple[list[str], list[str]]:
     """Copy into ``module`` every weight of checkpoint ``ckpt`` (read from ``path``) whose name
     and shape match.
 
     ``renames`` maps name prefixes of the checkpoint to this module's (e.g. a pretraining
     checkpoint's ``model.backbone.vision.`` to a captioner's ``model.encoder.``); names that no
-    prefix matches are compared as they are. Returns (loaded, left as initialised) names.
+    prefix matches are compared as they are. ``new_tokens`` maps the ids the run's vocabulary
+    adds to the checkpoint's (appended after them) to the old ids that spelled each
+    (`mmtx.data.tokenizer.spellings`): every tensor indexed by the vocabulary grows by those
+    rows, each the mean of its pieces' rows (Gee et al. 2022's vocabulary transfer). Returns
+    (loaded, left as initialised) names.
     """
     state = ckpt.get("state_dict", ckpt)
     for old, new in (renames or {}).items():
         state = {new + k[len(old):] if k.startswith(old) else k: v for k, v in state.items()}
     own = module.state_dict()
+    if new_tokens:
+        state = _grow_vocabulary_rows(state, own, new_tokens)
     loaded = [k for k, v in state.items() if k in own and own[k].shape == v.shape]
     kept = set(loaded)
     skipped = [k for k in own if k not in kept]
@@ -216,3 +223,19 @@ def init_from(
     module.load_state_dict({k: state[k] for k in loaded}, strict=False)
     log.info("init_from %s: loaded %d tensors, %d left as initialised", path, len(loaded), len(skipped))
     return loaded, skipped
+
+
+def _grow_vocabulary_rows(
+    state: dict[str, Tensor], own: Mapping[str, Tensor], new_tokens: Mapping[int, Sequence[int]]
+) -> dict[str, Tensor]:
+    """``state`` with each tensor of the old vocabulary's rows (V, ...) that ``own`` holds with
+    ``len(new_tokens)`` more grown by them, a new token's row the mean of its spelling's."""
+    old_rows = min(new_tokens)
+    new_rows = old_rows + len(new_tokens)
+    grown = dict(state)
+    for name, value in state.items():
+        if value.ndim and value.shape[0] == old_rows and name in own and own[name].shape == (new_rows, *value.shape[1:]):
+            added = [value[list(ids)].float().mean(0) if ids else own[name][i].float() for i, ids in sorted(new_tokens.items())]
+            grown[name] = torch.cat([value, torch.stack(added).to(value.dtype)])
+            log.info("init_from: %s grown by %d rows for the new tokens", name, len(added))
+    return grown

@@ -14,7 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from mmtx.data.tokenizer import SPECIAL_TOKENS, Tokenizer, TokenizerError
+from torch import nn
+
+from mmtx.checkpoint import init_from
+from mmtx.data.tokenizer import SPECIAL_TOKENS, Tokenizer, TokenizerError, spellings
 
 CAPTIONS = [
     "A man riding a wave on top of a surfboard.",
@@ -80,6 +83,55 @@ def test_min_frequency_drops_rare_merges() -> None:
     common = Tokenizer.train(CAPTIONS, vocab_size=400, kind="bpe", min_frequency=3)
     assert common.vocab_size < rare.vocab_size
     assert len(common.encode("surfboard")) > len(rare.encode("surfboard"))
+
+
+# ---------------------------------------------------------------------- new words for fine-tuning
+
+QUESTIONS = ["How many dogs are there?", "What colour is the bus?", "Is the cat sleeping?", "what colour is it?"]
+
+
+def test_with_words_adds_the_words_it_spelt_in_pieces_and_keeps_every_id(wordpiece: Tokenizer) -> None:
+    grown = wordpiece.with_words(QUESTIONS, min_frequency=2)
+    # seen twice and not whole tokens of the captions' vocabulary: "what", "colour", "is", "?"
+    added = [grown.backend.id_to_token(i) for i in range(wordpiece.vocab_size, grown.vocab_size)]
+    assert added == ["?", "colour", "is", "what"]
+    assert grown.vocab_size == wordpiece.vocab_size + 4
+    for token, i in wordpiece.backend.get_vocab(with_added_tokens=True).items():
+        assert grown.backend.token_to_id(token) == i
+    ids = grown.encode("What colour is the bus?", add_special=False)
+    assert [grown.backend.id_to_token(i) for i in ids] == ["what", "colour", "is", "the", "bus", "?"]
+    assert grown.decode(grown.encode("what colour is the bus?")) == "what colour is the bus?"
+    # a new word inside a longer one is not cut out of it, and the vocabulary survives a save
+    assert "what" not in [grown.backend.id_to_token(i) for i in grown.encode("somewhat", add_special=False)]
+    assert Tokenizer.from_str(grown.to_str()).encode("what is it?") == grown.encode("what is it?")
+    # the new tokens and how the old vocabulary spelt them
+    spelt = spellings(wordpiece, grown)
+    assert sorted(spelt) == list(range(wordpiece.vocab_size, grown.vocab_size))
+    assert spelt[grown.backend.token_to_id("what")] == wordpiece.encode("what", add_special=False)
+    assert spellings(wordpiece, wordpiece) == {} and spellings(grown, wordpiece) == {}
+
+
+def test_with_words_leaves_a_complete_or_byte_level_vocabulary_as_it_is(wordpiece: Tokenizer, bpe: Tokenizer) -> None:
+    assert wordpiece.with_words(CAPTIONS) is wordpiece  # every caption word is a token already
+    assert bpe.with_words(QUESTIONS) is bpe
+
+
+def test_init_from_grows_the_vocabulary_rows_as_the_mean_of_the_pieces(wordpiece: Tokenizer) -> None:
+    grown = wordpiece.with_words(QUESTIONS)
+    torch.manual_seed(0)
+    old = nn.ModuleDict({"embed": nn.Embedding(wordpiece.vocab_size, 8), "head": nn.Linear(8, wordpiece.vocab_size),
+                         "other": nn.Linear(8, 8)})
+    new = nn.ModuleDict({"embed": nn.Embedding(grown.vocab_size, 8), "head": nn.Linear(8, grown.vocab_size),
+                         "other": nn.Linear(8, 8)})
+    spelt = spellings(wordpiece, grown)
+    loaded, skipped = init_from(new, {"state_dict": old.state_dict()}, "old.ckpt", new_tokens=spelt)
+    assert skipped == [] and set(loaded) == set(new.state_dict())
+    V = wordpiece.vocab_size
+    for name in ("embed.weight", "head.weight", "head.bias"):
+        torch.testing.assert_close(new.state_dict()[name][:V], old.state_dict()[name])
+        for i, pieces in spelt.items():
+            torch.testing.assert_close(new.state_dict()[name][i], old.state_dict()[name][pieces].mean(0))
+    torch.testing.assert_close(new.other.weight, old.other.weight)
 
 
 # ---------------------------------------------------------------------- round trips

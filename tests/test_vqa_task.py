@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 
 from mmtx.checkpoint import load_task, read_checkpoint
+from mmtx.data.tokenizer import spellings
 from mmtx.data.vqa import read_vqa
 from mmtx.metrics.vqa import soft_scores, vqa_accuracy
 from mmtx.tasks.vqa import soft_targets
@@ -72,8 +73,16 @@ def test_init_from_loads_the_pretrained_weights(runs):
     name = "model.backbone.co_layers.0.text_cross.cross_attn.kv.weight"
     moved = (vqa.state_dict()[name] - pre[name]).abs().max()
     assert moved < 0.05 and not torch.equal(vqa.state_dict()[name], torch.zeros_like(pre[name]))
-    # the same tokenizer as the pretraining run (its embeddings index it)
-    assert vqa.tokenizer.to_str() == load_task(runs["pretrain"] / "checkpoints" / "last.ckpt").tokenizer.to_str()
+    # the pretraining run's tokenizer (its embeddings index it), plus the question words its
+    # captions never had, each with a row that starts as the mean of its old pieces' rows
+    pre_tokenizer = load_task(runs["pretrain"] / "checkpoints" / "last.ckpt").tokenizer
+    added = spellings(pre_tokenizer, vqa.tokenizer)
+    assert {"what", "how", "?"} <= {vqa.tokenizer.backend.id_to_token(i) for i in added}
+    embed, old_rows = vqa.state_dict()["model.backbone.text.token_embed.weight"], pre["model.backbone.text.token_embed.weight"]
+    assert embed.shape[0] == vqa.tokenizer.vocab_size == old_rows.shape[0] + len(added)
+    assert (embed[: len(old_rows)] - old_rows).abs().max() < 0.05
+    what = vqa.tokenizer.backend.token_to_id("what")
+    assert (embed[what] - old_rows[added[what]].mean(0)).abs().max() < 0.05
     # a captioner takes the vision stream as its image encoder (trained with lr ~ 0: unchanged)
     cap = load_task(runs["caption_init"] / "checkpoints" / "last.ckpt").state_dict()
     for key in ("encoder.blocks.0.attn.qkv.weight", "encoder.patch_embed.proj.weight", "encoder.pos_embed"):

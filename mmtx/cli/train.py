@@ -20,7 +20,7 @@ from mmtx.callbacks import Preempted
 from mmtx.checkpoint import check_resume, init_from, read_checkpoint
 from mmtx.cli.common import CONFIG_DIR, absolute_data_paths, friendly_errors, instantiate_dict, log, to_container
 from mmtx.config_check import check_train_config
-from mmtx.data.tokenizer import Tokenizer
+from mmtx.data.tokenizer import Tokenizer, spellings
 from mmtx.metrics.table import format_metrics_table
 
 
@@ -56,7 +56,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         data_config=to_container(cfg.data), _recursive_=False, _convert_="all",
     )
     if start:
-        init_from(task, start, cfg.init_from, task.init_renames)
+        init_from(task, start, cfg.init_from, task.init_renames, new_tokens=_new_tokens(start, tokenizer))
     del resumed, start  # Lightning restores the resumed checkpoint itself, in fit
 
     loggers = instantiate_dict(cfg.get("logger"))
@@ -106,12 +106,26 @@ def run_tokenizer(
     if cfg.tokenizer.path:
         return Tokenizer.from_file(cfg.tokenizer.path)
     if start and "tokenizer" in start.get("hyper_parameters", {}):
-        log.info("tokenizer: the one of init_from=%s", cfg.init_from)
-        return Tokenizer.from_str(start["hyper_parameters"]["tokenizer"])
+        tokenizer = Tokenizer.from_str(start["hyper_parameters"]["tokenizer"])
+        if not cfg.tokenizer.add_words:
+            log.info("tokenizer: the one of init_from=%s", cfg.init_from)
+            return tokenizer
+        log.info("tokenizer: the one of init_from=%s, with the training text's words it spells in pieces", cfg.init_from)
+        return functools.partial(tokenizer.with_words, min_frequency=cfg.tokenizer.min_frequency)
     return functools.partial(
         Tokenizer.train, vocab_size=cfg.tokenizer.vocab_size, kind=cfg.tokenizer.kind,
         min_frequency=cfg.tokenizer.min_frequency,
     )
+
+
+def _new_tokens(start: dict, tokenizer: Tokenizer) -> dict[int, list[int]]:
+    """The ids the run's tokenizer adds to the ``init_from`` checkpoint's, with their old spellings."""
+    if "tokenizer" not in start.get("hyper_parameters", {}):
+        return {}
+    added = spellings(Tokenizer.from_str(start["hyper_parameters"]["tokenizer"]), tokenizer)
+    if added:
+        log.info("tokenizer: %d words added to the checkpoint's vocabulary", len(added))
+    return added
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")

@@ -18,6 +18,7 @@ resolves every role to the same id even though appended tokens (say ``[CLS]``) a
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,7 +28,7 @@ import tokenizers
 import torch
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-__all__ = ["SPECIAL_TOKENS", "Tokenizer", "TokenizerError"]
+__all__ = ["SPECIAL_TOKENS", "Tokenizer", "TokenizerError", "spellings"]
 
 PAD, BOS, EOS, UNK, MASK, CLS, SEP = SPECIAL_TOKENS = ("[PAD]", "[BOS]", "[EOS]", "[UNK]", "[MASK]", "[CLS]", "[SEP]")
 
@@ -157,6 +158,33 @@ class Tokenizer:
             saved["added_tokens"] = [t for t in saved["added_tokens"] if t["content"] not in ordinary]
             backend = tokenizers.Tokenizer.from_str(json.dumps(saved))
         return cls(backend)
+
+    def with_words(self, texts: Iterable[str], min_frequency: int = 1) -> Tokenizer:
+        """This tokenizer plus, appended as tokens of their own, the words of ``texts`` (seen at
+        least ``min_frequency`` times) that it can only spell in pieces or as ``[UNK]``; every
+        existing id keeps its meaning.
+
+        For fine-tuning on text the vocabulary was not learnt from (a VQA task's questions after
+        pretraining on captions), as Hugging Face's ``add_tokens`` + ``resize_token_embeddings``:
+        `mmtx.checkpoint.init_from` grows the checkpoint's embeddings by the new rows, each the
+        mean of its pieces' (`spellings`). A WordPiece vocabulary only; a byte-level BPE one is
+        returned as it is (its pieces are bytes: the new words' boundaries would be lost).
+        """
+        if not isinstance(self._backend.model, models.WordPiece):
+            return self
+        normalizer, pre_tokenizer = self._backend.normalizer, self._backend.pre_tokenizer
+        counts: Counter[str] = Counter()
+        for text in texts:
+            text = normalizer.normalize_str(text) if normalizer else text
+            counts.update(word for word, _ in pre_tokenizer.pre_tokenize_str(text))
+        vocab = self._backend.get_vocab(with_added_tokens=True)
+        words = sorted(w for w, n in counts.items() if n >= min_frequency and w not in vocab)
+        if not words:
+            return self
+        backend = tokenizers.Tokenizer.from_str(self._backend.to_str())
+        # single_word: "how" is a token, the "how" inside "show" is not; punctuation stands alone anyway
+        backend.add_tokens([tokenizers.AddedToken(w, single_word=w.isalnum(), normalized=True) for w in words])
+        return Tokenizer(backend)
 
     @classmethod
     def from_file(cls, path: str | Path, *, lowercase: bool | None = None) -> Tokenizer:
@@ -421,3 +449,12 @@ def _check_usable(tokenizer: Tokenizer, source: str) -> None:
         raise TokenizerError(
             f"{source}: token ids are not contiguous (id {top} in a vocabulary of {tokenizer.vocab_size})"
         )
+
+
+def spellings(old: Tokenizer, new: Tokenizer) -> dict[int, list[int]]:
+    """For each id of ``new`` beyond ``old``'s vocabulary, the ids ``old`` spells that token with;
+    empty when ``new`` does not extend ``old`` (`Tokenizer.with_words`)."""
+    old_vocab = old.backend.get_vocab(with_added_tokens=True)
+    if new.vocab_size <= old.vocab_size or any(new.backend.token_to_id(t) != i for t, i in old_vocab.items()):
+        return {}
+    return {i: old.encode(new.backend.id_to_token(i), add_special=False) for i in range(old.vocab_size, new.vocab_size)}
