@@ -116,6 +116,19 @@ def test_with_words_leaves_a_complete_or_byte_level_vocabulary_as_it_is(wordpiec
     assert bpe.with_words(QUESTIONS) is bpe
 
 
+def test_init_from_reuses_the_checkpoints_tokenizer_unless_told_to_add_words(wordpiece: Tokenizer) -> None:
+    from omegaconf import OmegaConf
+
+    from mmtx.cli.train import run_tokenizer
+
+    start = {"hyper_parameters": {"tokenizer": wordpiece.to_str()}}
+    cfg = OmegaConf.create({"init_from": "x.ckpt", "tokenizer": {"path": None, "add_words": False, "min_frequency": 1}})
+    assert run_tokenizer(cfg, None, start).to_str() == wordpiece.to_str()
+    cfg.tokenizer.add_words = True
+    learn = run_tokenizer(cfg, None, start)  # learns from the training text, as the data module calls it
+    assert learn(QUESTIONS).vocab_size > wordpiece.vocab_size
+
+
 def test_init_from_grows_the_vocabulary_rows_as_the_mean_of_the_pieces(wordpiece: Tokenizer) -> None:
     grown = wordpiece.with_words(QUESTIONS)
     torch.manual_seed(0)

@@ -32,7 +32,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     train_in_process(["experiment=vqa_shapes", *TINY_TWO_STREAM, *data, *RUN, "task.num_answers=50",
                       f"paths.output_dir={dirs['vqa']}"])
     train_in_process(["experiment=vqa_shapes", *TINY_TWO_STREAM, *data, *RUN, "task.num_answers=50",
-                      f"init_from={pre_ckpt}", "trainer.max_steps=1", f"paths.output_dir={dirs['vqa_init']}"])
+                      f"init_from={pre_ckpt}", "tokenizer.add_words=true", "trainer.max_steps=1",
+                      f"paths.output_dir={dirs['vqa_init']}"])
     train_in_process(["model.encoder.dim=32", "model.encoder.depth=1", "model.encoder.num_heads=2",
                       "model.encoder.patch_size=8", "model.decoder.dim=32", "model.decoder.depth=1",
                       "model.decoder.num_heads=2", *data, *RUN, f"init_from={pre_ckpt}", "trainer.max_steps=1",
@@ -73,8 +74,8 @@ def test_init_from_loads_the_pretrained_weights(runs):
     name = "model.backbone.co_layers.0.text_cross.cross_attn.kv.weight"
     moved = (vqa.state_dict()[name] - pre[name]).abs().max()
     assert moved < 0.05 and not torch.equal(vqa.state_dict()[name], torch.zeros_like(pre[name]))
-    # the pretraining run's tokenizer (its embeddings index it), plus the question words its
-    # captions never had, each with a row that starts as the mean of its old pieces' rows
+    # the pretraining run's tokenizer (its embeddings index it), plus (tokenizer.add_words) the
+    # question words its captions never had, each with a row started as the mean of its old pieces'
     pre_tokenizer = load_task(runs["pretrain"] / "checkpoints" / "last.ckpt").tokenizer
     added = spellings(pre_tokenizer, vqa.tokenizer)
     assert {"what", "how", "?"} <= {vqa.tokenizer.backend.id_to_token(i) for i in added}
