@@ -176,7 +176,7 @@ class Tokenizer:
         counts: Counter[str] = Counter()
         for text in texts:
             text = normalizer.normalize_str(text) if normalizer else text
-            counts.update(word for word, _ in pre_tokenizer.pre_tokenize_str(text))
+            counts.update([w for w, _ in pre_tokenizer.pre_tokenize_str(text)] if pre_tokenizer else text.split())
         vocab = self._backend.get_vocab(with_added_tokens=True)
         words = sorted(w for w, n in counts.items() if n >= min_frequency and w not in vocab)
         if not words:
