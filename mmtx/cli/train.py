@@ -99,8 +99,8 @@ def run_tokenizer(
     cfg: DictConfig, resumed: dict | None, start: dict | None
 ) -> Tokenizer | Callable[[list[str]], Tokenizer]:
     """The run's tokenizer: a resumed run's own; else ``tokenizer.path``; else the ``init_from``
-    checkpoint's (its embeddings index it); else how the data module learns one from its
-    training text."""
+    checkpoint's (its embeddings index it), with ``tokenizer.add_words`` a function that adds the
+    training text's new words to it; else how the data module learns one from its training text."""
     if resumed:
         return Tokenizer.from_str(resumed["hyper_parameters"]["tokenizer"])
     if cfg.tokenizer.path:
