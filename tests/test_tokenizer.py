@@ -12,11 +12,12 @@ import tokenizers
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from omegaconf import OmegaConf
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
-
 from torch import nn
 
 from mmtx.checkpoint import init_from
+from mmtx.cli.train import run_tokenizer
 from mmtx.data.tokenizer import SPECIAL_TOKENS, Tokenizer, TokenizerError, spellings
 
 CAPTIONS = [
@@ -117,10 +118,6 @@ def test_with_words_leaves_a_complete_or_byte_level_vocabulary_as_it_is(wordpiec
 
 
 def test_init_from_reuses_the_checkpoints_tokenizer_unless_told_to_add_words(wordpiece: Tokenizer) -> None:
-    from omegaconf import OmegaConf
-
-    from mmtx.cli.train import run_tokenizer
-
     start = {"hyper_parameters": {"tokenizer": wordpiece.to_str()}}
     cfg = OmegaConf.create({"init_from": "x.ckpt", "tokenizer": {"path": None, "add_words": False, "min_frequency": 1}})
     assert run_tokenizer(cfg, None, start).to_str() == wordpiece.to_str()
