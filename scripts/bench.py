@@ -44,6 +44,12 @@ How the figures are measured
   checked on the device every step would count at least ``--new-tokens``.
 * ``peak_rss_mb``: the worker process's peak resident memory (``ru_maxrss``) after all timed
   runs; on CUDA also ``peak_gpu_mem_mb``.
+* ``--profile N``: N more mmtx training steps (in the last of ``--precisions``) under
+  ``torch.profiler``; ``profile_ms_by_kind`` splits one step's device time (kernels on CUDA, the
+  operators' own time on a CPU) into matmul, attention, optimizer and other (elementwise, norms,
+  softmax, copies, fused compiled kernels) by the kernels' names; ``profile_busy`` is that time over
+  the step's wall clock (below 1: the GPU waited for the host); ``profile_top`` lists the costliest
+  kernels, ms per step. Where the step's time goes when MFU is low.
 * ``ref_*``: the same for the reference; ``speedup_*`` = reference time / mmtx time (> 1 means
   mmtx is faster); ``speedup_train_bf16_vs_ref_fp32`` compares mmtx in bf16 with the reference in
   fp32.
@@ -66,6 +72,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import re
 import resource
 import statistics
 import sys
@@ -341,6 +348,18 @@ def matmul_peak_gflops(dtype: torch.dtype, device: str, repeats: int = 5, budget
 # --------------------------------------------------------------------------------------------
 # Worker: one model, measured on request
 # --------------------------------------------------------------------------------------------
+KERNEL_KINDS = (  # first match wins; CUDA kernel names (cuBLAS, cuDNN, flash, Triton) and CPU operators
+    ("attention", re.compile(r"flash|fmha|attention|attn|sdpa", re.I)),
+    ("optimizer", re.compile(r"adam|multi_tensor", re.I)),
+    ("matmul", re.compile(r"gemm|nvjet|xmma|cutlass|cublas|aten::(mm|addmm|bmm|baddbmm|linear|matmul|convolution|convolution_backward|mkldnn_convolution)$|_mm_", re.I)),
+)
+
+
+def kernel_kind(name: str) -> str:
+    """matmul, attention, optimizer or other, from a kernel's or operator's name."""
+    return next((kind for kind, pattern in KERNEL_KINDS if pattern.search(name)), "other")
+
+
 def synchronize(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -407,6 +426,42 @@ class ModelBench:
 
     def train_step(self, precision: str) -> float:
         return timed(lambda: self._train_step(precision), self.cfg.device)
+
+    def profile(self, steps: int, precision: str, top: int = 15) -> dict[str, Any]:
+        """Device time of ``steps`` training steps by kind of kernel (see the module docstring)."""
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+
+        cuda = self.cfg.device == "cuda"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        self._train_step(precision)  # warm, outside the trace
+        synchronize(self.cfg.device)
+        with profile(activities=activities) as prof:
+            start = time.perf_counter()
+            for _ in range(steps):
+                self._train_step(precision)
+            synchronize(self.cfg.device)
+            wall_ms = (time.perf_counter() - start) * 1e3 / steps
+        # CUDA: each kernel's duration; CPU: each operator's own time (nested calls not counted twice)
+        own: dict[str, float] = {}
+        if cuda:
+            for e in prof.events():
+                if e.device_type == DeviceType.CUDA:
+                    own[e.name] = own.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e3 / steps
+        else:
+            own = {e.key: e.self_cpu_time_total / 1e3 / steps for e in prof.key_averages()}
+        own = {name: ms for name, ms in own.items() if ms > 0}
+        by_kind: dict[str, float] = {}
+        for name, ms in own.items():
+            by_kind[kernel_kind(name)] = by_kind.get(kernel_kind(name), 0.0) + ms
+        total = sum(by_kind.values())
+        ranked = sorted(own.items(), key=lambda kv: -kv[1])[:top]
+        return {
+            "profile_step_ms": round(wall_ms, 2),
+            "profile_busy": round(total / wall_ms, 3),
+            "profile_ms_by_kind": {k: round(v, 2) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+            "profile_top": [[name[:120], round(ms, 3)] for name, ms in ranked],
+        }
 
     @torch.no_grad()
     def generate(self, beams: int, precision: str) -> float:
@@ -650,7 +705,9 @@ def utilisation(
     return out
 
 
-def run(cfg: BenchConfig, reference: bool, loss_curve: int, peak_tflops: float | None) -> dict[str, Any]:
+def run(
+    cfg: BenchConfig, reference: bool, loss_curve: int, peak_tflops: float | None, profile: int = 0
+) -> dict[str, Any]:
     """Every measurement, as the flat dict that is printed."""
     result: dict[str, Any] = {
         **{k: v for k, v in asdict(cfg).items() if k != "seed"},
@@ -696,6 +753,9 @@ def run(cfg: BenchConfig, reference: bool, loss_curve: int, peak_tflops: float |
             result |= speedups(result, cfg)
         result |= utilisation(result, flops, cfg, peak_tflops)
 
+        if profile:
+            log(f"profiler, {profile} training steps")
+            result |= workers[0].call("profile", steps=profile, precision=cfg.precisions[-1])
         if loss_curve:
             log(f"loss curves, {loss_curve} steps x 3 runs")
             result |= loss_curve_summary(workers[0].call("loss_curve", steps=loss_curve))
@@ -759,6 +819,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run_.add_argument("--compile", action="store_true", help="torch.compile mmtx's model for the training step and its image encoder for generation")
     run_.add_argument("--loss-curve", type=int, default=0, metavar="N",
                       help="also train N steps in fp32 and bf16 on fixed random data and compare the losses")
+    run_.add_argument("--profile", type=int, default=0, metavar="N",
+                      help="also profile N mmtx training steps: device time by kind of kernel, GPU busy fraction")
     run_.add_argument("--peak-tflops", type=float, default=None,
                       help="the GPU's dense bf16 peak for MFU (default: looked up for H100/H200)")
     args = p.parse_args(argv)
@@ -797,7 +859,7 @@ def main(argv: list[str] | None = None) -> int:
         steps=args.steps, warmup=args.warmup, gen_batch=args.gen_batch, new_tokens=args.new_tokens,
         beams=args.beams, device=args.device, compile=args.compile, precisions=args.precisions,
     )
-    result = run(cfg, reference, args.loss_curve, args.peak_tflops)
+    result = run(cfg, reference, args.loss_curve, args.peak_tflops, args.profile)
     print(json.dumps(result))
     return 0
 

@@ -8,8 +8,9 @@
 # on the CPU itself, for the time budget, before changing a default.
 #
 # Usage: bash scripts/gpu_step_screens.sh SPEC OUT_DIR [JOBS] [SECONDS]   (from any directory)
-#   SPEC: one screen per line, "NAME mmtx-train overrides..." (give each its trainer.max_steps=N;
-#   `seed=S` picks the seed); lines starting with '#' are comments. JOBS screens run at a time
+#   SPEC: one screen per line, "NAME [--tasks TASKS] overrides..." (learning_curves.py's tasks, caption
+#   unless named; give each its trainer.max_steps=N, or TASK:trainer.max_steps=N for each task of a
+#   chain such as pretrain,vqa_from_pretrain; `seed=S` picks the seed); lines starting with '#' are comments. JOBS screens run at a time
 #   (default 8); none starts after SECONDS (default 420), and RUN_LIMIT seconds (default 240) stop
 #   any one. Each screen's curves.json and logs go to OUT_DIR/NAME; OUT_DIR/screens.tgz packs them
 #   all (no checkpoints). CURVES_ARGS adds options of learning_curves.py (e.g. "--num-train 300");
@@ -30,18 +31,21 @@ chmod +x "$OUT/.bin/mmtx-train"
 COMMON=(trainer.accelerator="${SCREEN_ACCELERATOR:-gpu}" trainer.precision=32-true trainer.max_time=null)
 read -ra CURVES <<<"${CURVES_ARGS:-}"
 
-screen() {  # NAME OVERRIDES...
-    local name=$1 start=$SECONDS rc
+screen() {  # NAME [--tasks TASKS] OVERRIDES...
+    local name=$1 tasks=caption start=$SECONDS rc
     shift
-    timeout -k 5 "${RUN_LIMIT:-240}" python3 scripts/learning_curves.py --tasks caption --seeds 1 --only-variants \
+    [ "${1:-}" = --tasks ] && { tasks=$2; shift 2; }
+    timeout -k 5 "${RUN_LIMIT:-240}" python3 scripts/learning_curves.py --tasks "$tasks" --seeds 1 --only-variants \
         "${CURVES[@]}" --variant "$name=$*" --out "$OUT/$name" --set "${COMMON[@]}" >"$OUT/$name.log" 2>&1
     rc=$?
-    echo "[$SECONDS s] $name rc=$rc in $((SECONDS - start)) s: $(grep -h "^caption $name:" "$OUT/$name.log")"
+    echo "[$SECONDS s] $name rc=$rc in $((SECONDS - start)) s: $(grep -h "^[a-z_]* $name:" "$OUT/$name.log" | tr '\n' ' ')"
     return $rc
 }
 
-# one short run first, so that the screens share the data it generates instead of each making it
-screen warm trainer.max_steps=1 || { tail -n 20 "$OUT/warm.log"; exit 1; }
+# a one-step run of each task first, so that the screens share the data it generates instead of each making it
+for tasks in $(grep -v '^[[:space:]]*#' "$SPEC" | awk 'NF { print ($2 == "--tasks" ? $3 : "caption") }' | sort -u); do
+    screen "warm_${tasks//,/_}" --tasks "$tasks" trainer.max_steps=1 || { tail -n 20 "$OUT/warm_${tasks//,/_}.log"; exit 1; }
+done
 T0=$SECONDS
 while read -r line; do
     [[ $line =~ ^[[:space:]]*(#|$) ]] && continue

@@ -72,7 +72,7 @@ def test_decode_floor_is_memory_bound_for_greedy_and_grows_with_rows(bench):
 def test_bench_script_runs_and_prints_every_field(tmp_path):
     tiny = ["--image", "32", "--patch", "16", "--dim", "32", "--heads", "2", "--enc-layers", "1",
             "--dec-layers", "1", "--vocab", "64", "--text-len", "6", "--batch", "2", "--steps", "3",
-            "--warmup", "1", "--gen-batch", "2", "--new-tokens", "4", "--beams", "2", "--loss-curve", "2"]
+            "--warmup", "1", "--gen-batch", "2", "--new-tokens", "4", "--beams", "2", "--loss-curve", "2", "--profile", "2"]
     proc = subprocess.run([sys.executable, str(SCRIPT), *tiny], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
@@ -92,10 +92,32 @@ def test_bench_script_runs_and_prints_every_field(tmp_path):
         assert isinstance(r[key], (int, float)), key
     assert r["greedy_step_floor_fraction"] is None or r["greedy_step_floor_fraction"] >= 0
     assert r["loss_curve_steps"] == 2
+    # the profiled steps: the operators' own time, split by kind, within the steps' wall clock
+    kinds = r["profile_ms_by_kind"]
+    assert kinds["matmul"] > 0 and kinds["optimizer"] > 0 and r["profile_step_ms"] > 0
+    assert 0 < r["profile_busy"] <= 1.05, r["profile_busy"]
+    assert abs(sum(kinds.values()) - r["profile_busy"] * r["profile_step_ms"]) < 0.05 * r["profile_step_ms"]
+    assert r["profile_top"] and all(ms > 0 for _, ms in r["profile_top"])
     if HAS_TRANSFORMERS:
         for key in ("ref_params", "ref_train_step_ms", "ref_greedy_tokens_per_s", "ref_encode_ms",
                     "speedup_train_fp32", "speedup_beam_fp32", "params_ratio"):
             assert r[key] > 0, key
+
+
+def test_kernels_are_told_apart_by_name(bench):
+    names = {  # as the profiler names them: CUDA kernels from cuBLAS, cuDNN, Triton; CPU operators
+        "nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNN": "matmul",
+        "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_128x256_64x3_nt_align2>": "matmul",
+        "aten::addmm": "matmul",
+        "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64": "attention",
+        "aten::_scaled_dot_product_flash_attention_for_cpu": "attention",
+        "void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>": "optimizer",
+        "aten::_fused_adamw_": "optimizer",
+        "triton_poi_fused_gelu_gelu_backward_view_31": "other",
+        "void at::native::vectorized_layer_norm_kernel<float, float, false>": "other",
+        "aten::add_": "other",
+    }
+    assert {name: bench.kernel_kind(name) for name in names} == names
 
 
 def test_bench_rejects_bad_sizes():
