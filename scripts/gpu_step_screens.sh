@@ -42,10 +42,18 @@ screen() {  # NAME [--tasks TASKS] OVERRIDES...
     return $rc
 }
 
-# a one-step run of each task first, so that the screens share the data it generates instead of each making it
-for tasks in $(grep -v '^[[:space:]]*#' "$SPEC" | awk 'NF { print ($2 == "--tasks" ? $3 : "caption") }' | sort -u); do
-    screen "warm_${tasks//,/_}" --tasks "$tasks" trainer.max_steps=1 || { tail -n 20 "$OUT/warm_${tasks//,/_}.log"; exit 1; }
-done
+# one step of each task's first screen first, so that the screens share the data it generates instead
+# of each making it
+declare -A warmed
+while read -r name first rest; do
+    [[ -z $name || $name == \#* ]] && continue
+    if [ "$first" = --tasks ]; then read -r tasks rest <<<"$rest"; else tasks=caption rest="$first $rest"; fi
+    [ -n "${warmed[$tasks]:-}" ] && continue
+    warmed[$tasks]=1
+    # shellcheck disable=SC2046
+    screen "warm_${tasks//,/_}" --tasks "$tasks" $(tr ' ' '\n' <<<"$rest" | grep -v 'trainer.max_steps=') trainer.max_steps=1 \
+        || { tail -n 20 "$OUT/warm_${tasks//,/_}.log"; exit 1; }
+done <"$SPEC"
 T0=$SECONDS
 while read -r line; do
     [[ $line =~ ^[[:space:]]*(#|$) ]] && continue
