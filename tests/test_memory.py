@@ -97,3 +97,32 @@ def test_training_batches_only_are_shifted(tmp_path: Path) -> None:
         assert torch.equal(batch["images"], normalize_images(pixels)) is not training
     with pytest.raises(ValueError, match="data.shift_px=16"):
         CocoCaptions(image_size=32, shift_px=16)
+
+
+def test_only_the_batchs_tensors_are_moved() -> None:
+    """The data module moves a batch's tensors and leaves its lists of strings as they are (not
+    walked string by string, as Lightning's default does)."""
+    from mmtx.data.captions import CocoCaptions
+
+    module = CocoCaptions(image_size=32, tokenizer=lambda texts: None)
+    answers = [["yes"] * 10, ["2"] * 10]
+    batch = {"images": torch.zeros(2, 3, 32, 32, dtype=torch.uint8), "input_ids": torch.ones(2, 5), "answers": answers}
+    moved = module.transfer_batch_to_device(batch, torch.device("meta"), 0)
+    assert moved["images"].device.type == "meta" and moved["input_ids"].device.type == "meta"
+    assert moved["answers"] is answers
+
+
+def test_examples_served_from_memory_are_read_without_reseeding(tmp_path: Path) -> None:
+    """Images from memory are the fixed output of the transform: the loader reads them without
+    forking and seeding the generator per example, and the examples are the same."""
+    from mmtx.data.sampling import SeededDataset
+
+    paths = write_images(tmp_path, 3)
+    in_memory = dataset(paths)
+    in_memory.keep_in_memory(32)
+    reseeded, plain = SeededDataset(in_memory), SeededDataset(in_memory, reseed=False)
+    state = torch.random.get_rng_state()
+    for i in range(len(in_memory)):
+        a, b = reseeded[(i, 100 + i)], plain[(i, 100 + i)]
+        assert torch.equal(a["image"], b["image"]) and a["caption"] == b["caption"]
+    assert torch.equal(torch.random.get_rng_state(), state)  # neither path moved the caller's generator

@@ -113,14 +113,17 @@ class SeededDataset(Dataset):
     before; the caller's generator state is left as it was.
     """
 
-    def __init__(self, dataset: Dataset) -> None:
+    def __init__(self, dataset: Dataset, reseed: bool = True) -> None:
         self.dataset = dataset
+        self.reseed = reseed  # False where reading an example draws no random number: no fork, no seeding
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getitem__(self, item: tuple[int, int]) -> Any:
         index, seed = item
+        if not self.reseed:
+            return self.dataset[index]
         with torch.random.fork_rng(devices=[]):
             # the CPU generator only: torch.manual_seed also queues seeds for every accelerator
             # type, formatting a stack trace each time, which cost as much as decoding an image
