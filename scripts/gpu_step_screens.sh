@@ -10,11 +10,12 @@
 # Usage: bash scripts/gpu_step_screens.sh SPEC OUT_DIR [JOBS] [SECONDS]   (from any directory)
 #   SPEC: one screen per line, "NAME [--tasks TASKS] overrides..." (learning_curves.py's tasks, caption
 #   unless named; give each its trainer.max_steps=N, or TASK:trainer.max_steps=N for each task of a
-#   chain such as pretrain,vqa_from_pretrain; `seed=S` picks the seed); lines starting with '#' are comments. JOBS screens run at a time
-#   (default 8); none starts after SECONDS (default 420), and RUN_LIMIT seconds (default 240) stop
-#   any one. Each screen's curves.json and logs go to OUT_DIR/NAME; OUT_DIR/screens.tgz packs them
-#   all (no checkpoints). CURVES_ARGS adds options of learning_curves.py (e.g. "--num-train 300");
-#   SCREEN_ACCELERATOR=cpu runs the screens on the CPU (to try a spec out).
+#   chain such as pretrain,vqa_from_pretrain; `seed=S` picks the seed); lines starting with '#' are
+#   comments. JOBS screens run at a time (default 8); none starts after SECONDS (default 420), and
+#   RUN_LIMIT seconds (default 240) stop any one. Each screen's curves.json and logs go to
+#   OUT_DIR/NAME; OUT_DIR/screens.tgz packs them all (no checkpoints). CURVES_ARGS adds options of
+#   learning_curves.py (e.g. "--num-train 300"); SCREEN_ACCELERATOR=cpu runs the screens on the CPU
+#   (to try a spec out).
 set -uo pipefail
 USAGE="usage: gpu_step_screens.sh SPEC OUT_DIR [JOBS] [SECONDS]"
 SPEC=$(realpath "${1:?$USAGE}") || exit 2
