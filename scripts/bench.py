@@ -46,10 +46,12 @@ How the figures are measured
   runs; on CUDA also ``peak_gpu_mem_mb``.
 * ``--profile N``: N more mmtx training steps (in the last of ``--precisions``) under
   ``torch.profiler``; ``profile_ms_by_kind`` splits one step's device time (kernels on CUDA, the
-  operators' own time on a CPU) into matmul, attention, optimizer and other (elementwise, norms,
-  softmax, copies, fused compiled kernels) by the kernels' names; ``profile_busy`` is that time over
-  the step's wall clock (below 1: the GPU waited for the host); ``profile_top`` lists the costliest
-  kernels, ms per step. Where the step's time goes when MFU is low.
+  operators' own time on a CPU) into matmul, attention, optimizer (AdamW, and any other
+  ``multi_tensor``/``_foreach`` kernel) and other (elementwise, norms, softmax, copies, fused
+  compiled kernels) by the kernels' names; ``profile_busy`` is that time over the step's wall clock
+  (on CUDA, below 1: the GPU waited for the host; on a CPU, the rest is Python and dispatch
+  outside the operators); ``profile_top`` lists the costliest kernels, ms per step. Where the
+  step's time goes when MFU is low.
 * ``ref_*``: the same for the reference; ``speedup_*`` = reference time / mmtx time (> 1 means
   mmtx is faster); ``speedup_train_bf16_vs_ref_fp32`` compares mmtx in bf16 with the reference in
   fp32.
@@ -78,6 +80,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
@@ -349,7 +352,7 @@ def matmul_peak_gflops(dtype: torch.dtype, device: str, repeats: int = 5, budget
 # Worker: one model, measured on request
 # --------------------------------------------------------------------------------------------
 KERNEL_KINDS = (  # first match wins; CUDA kernel names (cuBLAS, cuDNN, flash, Triton) and CPU operators
-    ("attention", re.compile(r"flash|fmha|attention|attn|sdpa", re.I)),
+    ("attention", re.compile(r"flash|fmha|attention|attn|sdpa|cudnn::fusion::compute_dot_do_o", re.I)),
     ("optimizer", re.compile(r"adam|multi_tensor", re.I)),
     ("matmul", re.compile(r"gemm|nvjet|xmma|cutlass|cublas|aten::(mm|addmm|bmm|baddbmm|linear|matmul|convolution|convolution_backward|mkldnn_convolution)$|_mm_", re.I)),
 )
@@ -445,15 +448,15 @@ class ModelBench:
         # CUDA: each kernel's duration; CPU: each operator's own time (nested calls not counted twice)
         own: dict[str, float] = {}
         if cuda:
-            for e in prof.events():
-                if e.device_type == DeviceType.CUDA:
+            for e in prof.events():  # kernels and copies; not the record_function ranges mirrored there
+                if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
                     own[e.name] = own.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e3 / steps
         else:
             own = {e.key: e.self_cpu_time_total / 1e3 / steps for e in prof.key_averages()}
         own = {name: ms for name, ms in own.items() if ms > 0}
-        by_kind: dict[str, float] = {}
+        by_kind: dict[str, float] = defaultdict(float)
         for name, ms in own.items():
-            by_kind[kernel_kind(name)] = by_kind.get(kernel_kind(name), 0.0) + ms
+            by_kind[kernel_kind(name)] += ms
         total = sum(by_kind.values())
         ranked = sorted(own.items(), key=lambda kv: -kv[1])[:top]
         return {

@@ -17,6 +17,7 @@
 #   learning_curves.py (e.g. "--num-train 300"); SCREEN_ACCELERATOR=cpu runs the screens on the CPU
 #   (to try a spec out).
 set -uo pipefail
+set -f  # a spec's overrides are split into words unquoted: no filename expansion of [a,b] or *
 USAGE="usage: gpu_step_screens.sh SPEC OUT_DIR [JOBS] [SECONDS]"
 SPEC=$(realpath "${1:?$USAGE}") || exit 2
 OUT=$(realpath -m "${2:?$USAGE}")
@@ -37,7 +38,7 @@ screen() {  # NAME [--tasks TASKS] OVERRIDES...
     shift
     [ "${1:-}" = --tasks ] && { tasks=$2; shift 2; }
     timeout -k 5 "${RUN_LIMIT:-240}" python3 scripts/learning_curves.py --tasks "$tasks" --seeds 1 --only-variants \
-        "${CURVES[@]}" --variant "$name=$*" --out "$OUT/$name" --set "${COMMON[@]}" >"$OUT/$name.log" 2>&1
+        "${CURVES[@]}" --variant "$name=$*" --out "$OUT/$name" --set "${COMMON[@]}" </dev/null >"$OUT/$name.log" 2>&1
     rc=$?
     echo "[$SECONDS s] $name rc=$rc in $((SECONDS - start)) s: $(grep -h "^[a-z_]* $name:" "$OUT/$name.log" | tr '\n' ' ')"
     return $rc

@@ -111,6 +111,7 @@ def test_kernels_are_told_apart_by_name(bench):
         "aten::addmm": "matmul",
         "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64": "attention",
         "aten::_scaled_dot_product_flash_attention_for_cpu": "attention",
+        "void cudnn::fusion::compute_dot_do_o_specialized<true, 64>(void const*, void const*)": "attention",
         "void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>": "optimizer",
         "aten::_fused_adamw_": "optimizer",
         "triton_poi_fused_gelu_gelu_backward_view_31": "other",

@@ -110,6 +110,8 @@ def test_only_the_batchs_tensors_are_moved() -> None:
     moved = module.transfer_batch_to_device(batch, torch.device("meta"), 0)
     assert moved["images"].device.type == "meta" and moved["input_ids"].device.type == "meta"
     assert moved["answers"] is answers
+    nested = module.transfer_batch_to_device({"pair": (torch.ones(1), torch.ones(2))}, torch.device("meta"), 0)
+    assert all(t.device.type == "meta" for t in nested["pair"])  # anything else: Lightning's way
 
 
 def test_examples_served_from_memory_are_read_without_reseeding(tmp_path: Path) -> None:
@@ -119,7 +121,9 @@ def test_examples_served_from_memory_are_read_without_reseeding(tmp_path: Path) 
 
     paths = write_images(tmp_path, 3)
     in_memory = dataset(paths)
+    assert in_memory.draws_random  # decoded and transformed at each read
     in_memory.keep_in_memory(32)
+    assert not in_memory.draws_random  # what the loader reads it with: SeededDataset(reseed=False)
     reseeded, plain = SeededDataset(in_memory), SeededDataset(in_memory, reseed=False)
     state = torch.random.get_rng_state()
     for i in range(len(in_memory)):

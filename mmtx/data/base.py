@@ -17,6 +17,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
@@ -253,8 +254,7 @@ class ImageTextDataModule(L.LightningDataModule):
             gc.freeze()
         dataset = self.datasets[split]
         return ScreenedLoader(
-            # images served from memory are the transform's fixed output: reading them draws no random number
-            SeededDataset(dataset, reseed=getattr(dataset, "memory", None) is None),
+            SeededDataset(dataset, reseed=getattr(dataset, "draws_random", True)),
             failures=DecodeFailures(split, self.on_bad_image, self.report),
             batch_sampler=sampler,
             num_workers=self.num_workers,
@@ -278,12 +278,14 @@ class ImageTextDataModule(L.LightningDataModule):
             f"data.batch_size={max(1, examples // world_size)} or less"
         )
 
-    def transfer_batch_to_device(self, batch: dict[str, Any], device: torch.device, dataloader_idx: int) -> dict[str, Any]:
-        """The batch's tensors to ``device``, its lists of strings (answers, references, skipped
-        files) left as they are: Lightning's default walks every string of them, which cost a
-        small model's step more than moving its tensors (the collators' batches are flat dicts)."""
-        non_blocking = device.type not in ("cpu", "mps")  # as Lightning's move_data_to_device
-        return {k: v.to(device, non_blocking=non_blocking) if isinstance(v, Tensor) else v for k, v in batch.items()}
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """A flat dict's tensors to ``device``, its other values (lists of answers, references,
+        skipped files: no tensors in them, as the collators build them) left as they are:
+        Lightning's default walks every string of them, which cost a small model's step more than
+        moving its tensors. Any other batch goes the default way."""
+        if not isinstance(batch, dict) or any(isinstance(v, (dict, tuple)) for v in batch.values()):
+            return super().transfer_batch_to_device(batch, device, dataloader_idx)
+        return {k: move_data_to_device(v, device) if isinstance(v, Tensor) else v for k, v in batch.items()}
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Lightning's hook once a batch is on the training device: its uint8 images normalised
@@ -342,6 +344,13 @@ class ImageTextDataset(Dataset):
         self.transform = transform
         self.on_bad_image = check_policy(on_bad_image, "on_bad_image")
         self.memory: ImagesInMemory | None = None  # set by `keep_in_memory`
+
+    @property
+    def draws_random(self) -> bool:
+        """Whether reading an example draws random numbers, so that the loader seeds each read
+        (`SeededDataset`): through the transform, unless the images are served from memory, where
+        they are its fixed output. A subclass whose ``example`` draws must say True."""
+        return self.memory is None
 
     def keep_in_memory(self, image_size: int, desc: str = "decoding images") -> ImagesInMemory:
         """Decode every image now, once, and serve them from memory from then on. Only for a
