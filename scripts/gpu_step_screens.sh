@@ -44,26 +44,28 @@ screen() {  # NAME [--tasks TASKS] OVERRIDES...
     return $rc
 }
 
+# the spec's screens, read once: its lines less comments and blank lines
+mapfile -t SCREENS < <(grep -Ev '^[[:space:]]*(#|$)' "$SPEC")
+
 # one step of each task's first screen first, so that the screens share the data it generates instead
 # of each making it
 declare -A warmed
-while read -r name first rest; do
-    [[ -z $name || $name == \#* ]] && continue
+for line in "${SCREENS[@]}"; do
+    read -r name first rest <<<"$line"
     if [ "$first" = --tasks ]; then read -r tasks rest <<<"$rest"; else tasks=caption rest="$first $rest"; fi
     [ -n "${warmed[$tasks]:-}" ] && continue
     warmed[$tasks]=1
     # shellcheck disable=SC2046
     screen "warm_${tasks//,/_}" --tasks "$tasks" $(tr ' ' '\n' <<<"$rest" | grep -v 'trainer.max_steps=') trainer.max_steps=1 \
         || { tail -n 20 "$OUT/warm_${tasks//,/_}.log"; exit 1; }
-done <"$SPEC"
+done
 T0=$SECONDS
-while read -r line; do
-    [[ $line =~ ^[[:space:]]*(#|$) ]] && continue
+for line in "${SCREENS[@]}"; do
     while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do sleep 1; done
     [ $((SECONDS - T0)) -lt "$LIMIT" ] || { echo "time up, not started: $line"; continue; }
     # shellcheck disable=SC2086
     screen $line &
-done <"$SPEC"
+done
 wait
 packed=$(mktemp) && tar czf "$packed" -C "$OUT" --exclude=.data --exclude=.bin --exclude=screens.tgz --exclude='*.ckpt' \
     --exclude=tokenizer.json . && mv "$packed" "$OUT/screens.tgz"
