@@ -46,7 +46,7 @@ TASKS = {  # task -> (mmtx-train arguments, metrics to report, the metric that i
     "pretrain": (["experiment=pretrain_shapes"], ["itm_accuracy", "i2t_R@1", "t2i_R@1", "i2t_R@5", "t2i_R@5"],
                  "itm_accuracy"),
     "vqa": (["experiment=vqa_shapes"], ["accuracy", "yes/no", "number", "other"], "accuracy"),
-    # fine-tuning below the scratch rate and batch, as conf/experiment/vqa_shapes.yaml advises (README)
+    # fine-tuning below the scratch rate and batch, as conf/experiment/vqa_shapes.yaml advises (docs/learning.md)
     "vqa_from_pretrain": (["experiment=vqa_shapes", "task.lr=5e-4", "data.batch_size=64"], ["accuracy", "yes/no", "number", "other"],
                           "accuracy"),
 }

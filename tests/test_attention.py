@@ -209,6 +209,18 @@ def test_context_index_reads_each_rows_context_projected_once() -> None:
         attn(x, context, key_padding_mask=key_mask, context_index=index),
         attn(x, context[index], key_padding_mask=key_mask),
     )
+    grads = []  # and the same gradients, for the context and the projections alike
+    for indexed in (True, False):
+        ctx = context.clone().requires_grad_()
+        attn.zero_grad()
+        if indexed:
+            y = attn(x, ctx, key_padding_mask=key_mask, context_index=index)
+        else:
+            y = attn(x, ctx[index], key_padding_mask=key_mask)
+        y.square().sum().backward()
+        grads.append([ctx.grad, *(p.grad.clone() for p in attn.parameters())])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match="context_index is for cross-attention without a cache"):
         attn(x, context, context_index=index, cache=KVCache(static=True))
     with pytest.raises(ValueError, match="context_index is for cross-attention without a cache"):

@@ -107,7 +107,7 @@ def test_conv_stem_gives_the_patch_grid_and_patch_stem_keeps_vit_weights() -> No
     stem = [type(m).__name__ for m in conv.patch_embed.stem]
     assert stem == ["Conv2d", "BatchNorm2d", "GELU"] * 3  # three 3x3 convolutions down to 8-px patches
     # He init + BatchNorm: the image reaches the transformer as strongly as through the linear patch map
-    # (PyTorch's default conv init left a tenth of it, and the stem learnt shapes slower: README)
+    # (PyTorch's default conv init left a tenth of it, and the stem learnt shapes slower: docs/learning.md)
     strength = conv.patch_embed(images).std() / plain.patch_embed(images).std()
     assert 0.5 < strength.item() < 2.0
     with pytest.raises(ValueError, match="power-of-two patch_size, got patch_size=12"):

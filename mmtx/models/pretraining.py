@@ -86,7 +86,7 @@ class TwoStreamPretrainer(nn.Module):
             patches and of the text's tokens, as timm's and open_clip's ``avg`` pooling): the
             mean holds every token from the first step, where a CLS token first has to learn to
             gather them (with ``cls`` the contrastive loss can sit near chance for many steps on
-            some seeds: README, "What to expect").
+            some seeds: docs/learning.md).
         mask_id, special_ids: the tokenizer's [MASK] id and the ids never masked or sampled
             (filled in by the task from its tokenizer).
         heads: the objectives whose heads are built (the task gives those with a weight > 0:

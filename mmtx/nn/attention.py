@@ -221,9 +221,12 @@ class Attention(nn.Module):
                 k, v = self._heads(self.kv(context), 2).contiguous().unbind(0)
                 cache.store(k, v)
             else:
-                k, v = self._heads(self.kv(context), 2).unbind(0)
+                kv = self.kv(context)  # (Bc, S, 2*dim): projected once per context row
                 if context_index is not None:
-                    k, v = k[context_index], v[context_index]
+                    # one contiguous gather of keys and values together: its backward is one
+                    # index_add over the projections, not an index_put per head view
+                    kv = kv.index_select(0, context_index)
+                k, v = self._heads(kv, 2).unbind(0)
             groups = B // k.shape[0]
             if groups > 1:  # rows b*g .. b*g+g-1 share context row b: one query sequence per context
                 return self._grouped_cross(x, k, v, groups, key_padding_mask)
