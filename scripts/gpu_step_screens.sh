@@ -2,7 +2,7 @@
 # Step-matched learning screens on one GPU: many small `learning_curves.py` runs side by side.
 #
 # A CPU's 8-minute budget holds a known number of steps for each model size (measure it on that CPU:
-# README "What to expect"). On a GPU the same runs, given that many steps (trainer.max_steps, the
+# docs/learning.md, "Shallow towers"). On a GPU the same runs, given that many steps (trainer.max_steps, the
 # schedule annealed to them) instead of minutes, tell in minutes what the CPU would take hours to
 # screen: which sizes and settings learn most within the steps the CPU affords them. Run the winners
 # on the CPU itself, for the time budget, before changing a default.
