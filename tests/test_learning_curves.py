@@ -28,7 +28,7 @@ def _run(*args: str, out: Path) -> subprocess.CompletedProcess:
 def test_a_variant_is_fine_tuned_from_its_own_pretraining(tmp_path: Path) -> None:
     out = tmp_path / "curves"
     # a pretraining objective's weight goes to the pretraining run only: the VQA task has no such key
-    variant = f"tiny={TINY_TWO_STREAM} pretrain:task.objectives.mpm=0"
+    variant = f"tiny={TINY_TWO_STREAM} pretrain:task.objectives.mpm=0.5"
     done = _run("--tasks", "pretrain,vqa_from_pretrain", "--only-variants", "--variant", variant, out=out)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     pretrained = out / "runs" / "pretrain-tiny-seed0" / "checkpoints" / "last.ckpt"
@@ -38,10 +38,10 @@ def test_a_variant_is_fine_tuned_from_its_own_pretraining(tmp_path: Path) -> Non
     for task, keys in (("pretrain", {"itm_accuracy", "i2t_R@1", "t2i_R@1"}), ("vqa_from_pretrain", {"accuracy"})):
         run = results["tasks"][task]["tiny"]["seeds"]["0"]
         assert keys <= set(run["final"]) and run["steps"] > 0, (task, run)
-    assert results["tasks"]["pretrain"]["tiny"]["overrides"] == [*TINY_TWO_STREAM.split(), "task.objectives.mpm=0"]
+    assert results["tasks"]["pretrain"]["tiny"]["overrides"] == [*TINY_TWO_STREAM.split(), "task.objectives.mpm=0.5"]
     assert results["tasks"]["vqa_from_pretrain"]["tiny"]["overrides"] == TINY_TWO_STREAM.split()
     pretrain_config = (out / "runs" / "pretrain-tiny-seed0" / ".hydra" / "config.yaml").read_text()
-    assert "mpm: 0" in pretrain_config
+    assert "mpm: 0.5" in pretrain_config
 
     again = _run("--tasks", "vqa_from_pretrain", "--only-variants", "--variant", variant, out=out)
     assert again.returncode == 0 and "reusing" in again.stdout, again.stdout[-3000:] + again.stderr[-3000:]

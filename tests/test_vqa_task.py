@@ -27,6 +27,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     data = [*TINY_DATA, f"paths.data_dir={root / 'data'}"]
     dirs = {name: root / name for name in ("pretrain", "vqa", "vqa_init", "caption_init")}
     train_in_process(["experiment=pretrain_shapes", *TINY_TWO_STREAM, *data, *RUN, "task.retrieval_images=16",
+                      "task.objectives.mpm=1.0",  # every objective on: each loss is logged
                       f"paths.output_dir={dirs['pretrain']}"])
     pre_ckpt = dirs["pretrain"] / "checkpoints" / "last.ckpt"
     train_in_process(["experiment=vqa_shapes", *TINY_TWO_STREAM, *data, *RUN, "task.num_answers=50",
