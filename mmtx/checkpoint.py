@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import logging
 import pickle
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
-from hydra.utils import get_class
 from torch import Tensor, nn
 
 from mmtx.data.bad_data import listing
 from mmtx.export import task_from_export
+from mmtx.stored_config import DATA, MODEL, PLAIN, TASK, StoredConfigError, check_stored_arguments, check_stored_config, stored_class
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +33,13 @@ def read_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     ``mmap=True`` maps the tensors' storage instead of reading it: what is never touched (say
     the optimiser state of a checkpoint read for its settings) is never read from disk.
 
+    The configs it records are checked as data (:func:`check_checkpoint_configs`) before
+    anything can be built from them.
+
     Raises:
-        CheckpointError: the file is missing, empty, truncated, not a PyTorch checkpoint, or
-            holds Python objects other than plain data and tensors; the message says which.
+        CheckpointError: the file is missing, empty, truncated, not a PyTorch checkpoint, holds
+            Python objects other than plain data and tensors, or records configs that name code
+            mmtx does not write there; the message says which.
     """
     path = Path(path)
     if not path.is_file():
@@ -47,7 +52,27 @@ def read_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
         raise CheckpointError(_unreadable(path, e)) from e
     if not isinstance(ckpt, dict):
         raise CheckpointError(f"{path} is not a checkpoint (it holds a {type(ckpt).__name__})")
+    check_checkpoint_configs(ckpt, path)
     return ckpt
+
+
+def check_checkpoint_configs(ckpt: dict[str, Any], path: str | Path) -> None:
+    """Refuse a checkpoint whose recorded task, model config or data config is anything but what
+    mmtx writes there (:mod:`mmtx.stored_config`): the task class of ``mmtx.tasks`` by its exact
+    name, its hyper-parameters the constructor's own, classes of ``mmtx.models`` in the model
+    config and of ``mmtx.data`` in the data config, plain values everywhere else."""
+    try:
+        cls = stored_class(ckpt[TASK_KEY], TASK, f"{path}: {TASK_KEY}") if TASK_KEY in ckpt else None
+        hparams = ckpt.get("hyper_parameters")
+        if isinstance(hparams, dict):
+            if cls is not None:
+                check_stored_arguments(hparams, cls, f"{path}: hyper_parameters")
+            for key, value in hparams.items():
+                check_stored_config(value, f"{path}: hyper_parameters.{key}", MODEL if key == "model" else PLAIN)
+        if DATA_KEY in ckpt:
+            check_stored_config(ckpt[DATA_KEY], f"{path}: {DATA_KEY}", DATA)
+    except StoredConfigError as e:
+        raise CheckpointError(str(e)) from e
 
 
 def _unreadable(path: Path, error: Exception) -> str:
@@ -82,9 +107,9 @@ def task_class(ckpt: dict[str, Any], path: str | Path) -> type[L.LightningModule
     if not isinstance(name, str) or not name.startswith("mmtx.tasks."):
         raise CheckpointError(f"{path} was not written by an mmtx task (no valid '{TASK_KEY}' entry)")
     try:
-        return get_class(name)
-    except Exception as e:  # renamed or removed since the checkpoint was written
-        raise CheckpointError(f"{path} was written by {name}, which this mmtx does not have ({e})") from e
+        return stored_class(name, TASK, f"{path}: {TASK_KEY}")
+    except StoredConfigError as e:  # renamed or removed since the checkpoint was written
+        raise CheckpointError(str(e)) from e
 
 
 def load_task(path: str | Path, map_location: str | torch.device = "cpu") -> L.LightningModule:
@@ -106,14 +131,39 @@ def rebuild_task(ckpt: dict[str, Any], path: str | Path) -> L.LightningModule:
 
 
 def task_from_checkpoint(ckpt: dict[str, Any], path: str | Path) -> L.LightningModule:
-    """The task that wrote the already-read checkpoint ``ckpt``, with its weights."""
-    task = rebuild_task(ckpt, path)
-    cls, state = type(task), _entry(ckpt, "state_dict", path)
-    mismatched = _shape_mismatches(task.state_dict(), state)
+    """The task that wrote the already-read checkpoint ``ckpt``, with its weights.
+
+    The task is first built on the meta device (no memory, no time) and its tensors compared with
+    the stored ones: a checkpoint whose settings ask for tensors it does not hold (a vocabulary of
+    a billion rows beside a small embedding) is refused before any real memory is taken.
+    """
+    state = _entry(ckpt, "state_dict", path)
+    with torch.device("meta"), warnings.catch_warnings():
+        # public weights loaded into meta tensors (a captioner started from ViT/GPT-2 files): a no-op
+        warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter")
+        shell = rebuild_task(ckpt, path)
+    mismatched = _shape_mismatches(shell.state_dict(), state)
     if mismatched:
-        raise CheckpointError(f"{path} does not match {cls.__name__}:\n{listing(mismatched)}")
+        raise CheckpointError(f"{path} does not match {type(shell).__name__}:\n{listing(mismatched)}")
+    unstored = sum(t.numel() * t.element_size() for name, t in _tensors(shell) if name not in state)
+    if unstored > MAX_UNSTORED_BYTES:
+        raise CheckpointError(
+            f"{path}: its settings build {unstored / 2**20:,.0f} MiB of tensors that it does not store "
+            f"(more than {MAX_UNSTORED_BYTES // 2**20} MiB); refused before allocating them"
+        )
+    del shell
+    task = rebuild_task(ckpt, path)
     task.load_state_dict(state)
     return task
+
+
+# what a model may hold beyond its stored tensors (tables computed at build time, such as rotary
+# frequencies): far above any mmtx model's, far below what would exhaust a machine
+MAX_UNSTORED_BYTES = 256 * 2**20
+
+
+def _tensors(module: nn.Module) -> list[tuple[str, Tensor]]:
+    return [*module.named_parameters(), *module.named_buffers()]
 
 
 def check_resume(ckpt: dict[str, Any], path: str | Path, task_target: str, model: dict[str, Any]) -> None:

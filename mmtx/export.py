@@ -30,13 +30,12 @@ from mmtx.data.tokenizer import Tokenizer
 from mmtx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from mmtx.pretrained.convert import tied_names
 from mmtx.pretrained.files import PretrainedError, read_weights
+from mmtx.stored_config import EXPORTED_MODEL, PLAIN, TASK, StoredConfigError, check_stored_config, stored_class
 
 __all__ = ["ExportError", "Exported", "export", "export_task", "load_exported", "model_config", "task_from_export"]
 
 FORMAT, FORMAT_VERSION = "mmtx", 1
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.json"
-ALLOWED_TARGETS = "mmtx.models."  # the only code an exported config may name
-ALLOWED_TASKS = "mmtx.tasks."  # ... and the task that wraps it for the command-line tools
 MACHINE_SETTINGS = ("few_row_products",)  # decoding settings that belong to the machine, not the model
 
 
@@ -59,7 +58,10 @@ def export(model: nn.Module, tokenizer: Tokenizer, out: str | Path, config: Mapp
     """Write ``model`` (built from the constructor ``config``), its tokenizer, and ``info``
     (JSON values for ``config.json``) into the directory ``out``; returns it."""
     out = Path(out)
-    _check_targets(config, "config")
+    try:  # what load_exported will accept
+        check_stored_config(config, "config", EXPORTED_MODEL)
+    except StoredConfigError as e:
+        raise ExportError(str(e)) from e
     aliases = tied_names(model)
     state = {name: tensor for name, tensor in model.state_dict().items() if name not in aliases}
     document = {"format": FORMAT, "format_version": FORMAT_VERSION, **info, "model": dict(config)}
@@ -172,12 +174,12 @@ def task_from_export(path: str | Path) -> Any:
     path = Path(path)
     config = read_export_config(path)
     name = config.get("task")
-    if not isinstance(name, str) or not name.startswith(ALLOWED_TASKS):
+    if not isinstance(name, str) or not name.startswith("mmtx.tasks."):
         raise ExportError(f"{path / CONFIG}: records no mmtx task ('task'): load the bare model with load_exported")
     try:
-        cls = get_object(name)
-    except Exception as e:  # renamed or removed since the export was written
-        raise ExportError(f"{path / CONFIG}: written by {name}, which this mmtx does not have ({e})") from e
+        cls = stored_class(name, TASK, f"{path / CONFIG}: task")
+    except StoredConfigError as e:  # not a task class, or renamed or removed since the export was written
+        raise ExportError(str(e)) from e
     tokenizer = Tokenizer.from_file(path / TOKENIZER)
     arguments = {key: config[key] for key in ("answers", "generation") if key in config}
     if "generation" in arguments:  # exports before MACHINE_SETTINGS recorded the then-default layout
@@ -201,7 +203,11 @@ def read_export_config(path: Path) -> dict[str, Any]:
         raise ExportError(f"{config_path}: not an mmtx export config (format {FORMAT!r} with a 'model')")
     if config.get("format_version", 0) > FORMAT_VERSION:
         raise ExportError(f"{config_path}: format_version {config['format_version']} is newer than this mmtx reads")
-    _check_targets(config["model"], f"{config_path}: model")
+    try:  # only mmtx.models classes may be built; everything else is plain data
+        for key, value in config.items():
+            check_stored_config(value, f"{config_path}: {key}", EXPORTED_MODEL if key == "model" else PLAIN)
+    except StoredConfigError as e:
+        raise ExportError(str(e)) from e
     return config
 
 
@@ -228,19 +234,3 @@ def load_weights(model: nn.Module, tensors: Mapping[str, Tensor], source: str) -
                 f"{source}: '{name}' has shape {tuple(tensor.shape)}, the model needs {tuple(own[name].shape)}"
             )
     model.load_state_dict({**tensors, **{alias: tensors[name] for alias, name in aliases.items()}})
-
-
-def _check_targets(node: Any, where: str) -> None:
-    """Only ``mmtx.models`` classes may be built, and no Hydra options that would run other code."""
-    if isinstance(node, Mapping):
-        for key, value in node.items():
-            if key == "_target_":
-                if not (isinstance(value, str) and value.startswith(ALLOWED_TARGETS)):
-                    raise ExportError(f"{where}: _target_ {value!r} is not a class of {ALLOWED_TARGETS.rstrip('.')}")
-            elif isinstance(key, str) and key.startswith("_") and key.endswith("_"):
-                raise ExportError(f"{where}: Hydra option {key!r} is not allowed in an export")
-            else:
-                _check_targets(value, f"{where}.{key}")
-    elif isinstance(node, (list, tuple)):
-        for i, value in enumerate(node):
-            _check_targets(value, f"{where}[{i}]")

@@ -478,7 +478,7 @@ def test_foreign_and_incomplete_checkpoints(tmp_path: Path, mmtx_checkpoint: Pat
     with pytest.raises(CheckpointError, match="not a complete mmtx checkpoint: no 'state_dict' entry"):
         load_task(tmp_path / "no_weights.ckpt")
     torch.save({**ckpt, TASK_KEY: "mmtx.tasks.caption.Gone"}, tmp_path / "renamed.ckpt")
-    with pytest.raises(CheckpointError, match="written by mmtx.tasks.caption.Gone, which this mmtx does not have"):
+    with pytest.raises(CheckpointError, match="mmtx.tasks.caption.Gone, which this mmtx does not have"):
         load_task(tmp_path / "renamed.ckpt")
     state = dict(ckpt["state_dict"])
     state["model.encoder.cls_token"] = torch.zeros(1, 1, 7)
