@@ -272,6 +272,12 @@ def trainer_problems(trainer: Any, key: str = "trainer") -> list[str]:
             close = difflib.get_close_matches(str(name), accepted, n=1)
             hint = f" (did you mean {key}.{close[0]}?)" if close else ""
             problems.append(f"{key}.{name} is not an argument of lightning's Trainer{hint}")
+    strategy = trainer.get("strategy")
+    if isinstance(strategy, DictConfig) and strategy.get("_target_") == "mmtx.strategies.fsdp":
+        try:  # its own checks, before any data is read (building it starts no process group)
+            instantiate(strategy)
+        except InstantiationException as e:
+            problems.append(f"{key}.strategy: {e.__cause__ or e}")
     accelerator, devices = str(trainer.get("accelerator", "auto")), trainer.get("devices", "auto")
     count = devices if _is_int(devices) else None
     if accelerator in ("gpu", "cuda"):

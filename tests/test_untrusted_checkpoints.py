@@ -238,3 +238,25 @@ def test_no_command_line_tool_obeys_a_poisoned_checkpoint(cli, stored: dict[str,
         last = result.stderr.strip().splitlines()[-1]
         assert last.startswith("mmtx: ") and "os.makedirs" in last and "Traceback" not in result.stderr, cli.describe(result)
     assert not marker.exists()
+
+
+def test_sharded_fsdp_checkpoints_are_refused_at_start_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning writes sharded FSDP checkpoints as folders in place (no atomic rename) that
+    ``ckpt_path=`` cannot resume: refused by the start-up check, before any data is read."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from mmtx.config_check import ConfigError, check_train_config
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # as on a GPU machine
+    try:
+        for kind in ("sharded", "full"):
+            cfg = compose_train(["trainer=fsdp", f"trainer.strategy.state_dict_type={kind}",
+                                 f"paths.data_dir={tmp_path}", "paths.output_dir=/unused"])  # fmt: skip
+            HydraConfig.instance().set_config(cfg)
+            if kind == "full":
+                check_train_config(cfg)
+                continue
+            with pytest.raises(ConfigError, match=r"trainer.strategy: state_dict_type='sharded' is not supported: use 'full'"):
+                check_train_config(cfg)
+    finally:
+        HydraConfig.instance().cfg = None  # type: ignore[assignment]
