@@ -244,6 +244,8 @@ def data_problems(data: Any, key: str = "data", splits: tuple[str, ...] = ()) ->
             problems += [f"{key}.{split}.{name} is not set: give the {split} split's {name}, e.g. {key}.{split}.{name}=..."
                          for name, value in files.items() if value is None]
     problems += [p for name, check in _DATA_RULES.items() for p in check(get(name), f"{key}.{name}")]
+    if "max_text_chars" in data:  # older configs have none: the data module's default
+        problems += _positive_int(get("max_text_chars"), f"{key}.max_text_chars")
     crop = get("crop_scale")
     if crop is not None and not (
         len(crop) == 2 and all(_is_number(v) for v in crop) and 0 < crop[0] <= crop[1] <= 1

@@ -25,11 +25,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DATA", "EXPORTED_MODEL", "MODEL", "PLAIN", "TASK", "Allowed", "StoredConfigError", "check_stored_config", "stored_class"]
+__all__ = ["DATA", "EXPORTED_MODEL", "MODEL", "PLAIN", "TASK", "Allowed", "StoredConfigError", "UnknownStoredClass", "check_stored_config", "stored_class"]
 
 
 class StoredConfigError(ValueError):
     """A config read from a file names code or keys that mmtx does not write there."""
+
+
+class UnknownStoredClass(StoredConfigError):
+    """A name inside the allowed packages that this mmtx does not have (renamed or removed since
+    the file was written): importing it fails, so it can run nothing."""
 
 
 @dataclass(frozen=True)
@@ -84,12 +89,11 @@ def stored_class(name: Any, allowed: Allowed, where: str) -> Any:
     if not _inside(module_name, allowed.packages) and name not in allowed.functions:
         raise refused
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:  # renamed or removed since the file was written
-        raise StoredConfigError(f"{where}: names {name}, which this mmtx does not have ({e})") from e
-    obj = getattr(module, attribute, None)
-    if obj is None:  # renamed or removed since the file was written
-        raise StoredConfigError(f"{where}: names {name}, which this mmtx does not have (renamed or removed since the file was written)")
+        obj = getattr(importlib.import_module(module_name), attribute, None)
+    except (ImportError, ValueError):  # no such module (or an empty part: "mmtx.models..x")
+        obj = None
+    if obj is None:
+        _unknown_or_refused(name, where, refused)
     if name in allowed.functions and callable(obj):
         return obj
     # defined in the allowed packages (a package may re-export it: mmtx.data.synthetic.ShapesCaptions)
@@ -99,17 +103,46 @@ def stored_class(name: Any, allowed: Allowed, where: str) -> Any:
     return obj
 
 
+def _unknown_or_refused(name: str, where: str, refused: StoredConfigError) -> None:
+    """``name`` (not ``module.attribute`` of an allowed package) is unknown where Hydra's
+    ``instantiate`` could not reach it either (renamed or removed since the file was written);
+    else it reaches something by walking attributes, and is refused."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):  # the longest importable prefix, then attributes, as Hydra does
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:i]))
+        except (ImportError, ValueError):
+            continue
+        for part in parts[i:]:
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        else:
+            raise refused
+        break
+    raise UnknownStoredClass(f"{where}: names {name}, which this mmtx does not have (renamed or removed since the file was written)")
+
+
 def _inside(module: str, packages: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in packages)
 
 
-def check_stored_config(config: Any, where: str, allowed: Allowed) -> None:
+def check_stored_config(config: Any, where: str, allowed: Allowed, unknown_ok: bool = False) -> None:
     """Refuse ``config`` (read from the file and key ``where``) unless it is plain data whose
-    ``_target_``s ``allowed`` admits, each with only its constructor's keys; see the module doc."""
+    ``_target_``s ``allowed`` admits, each with only its constructor's keys; see the module doc.
+
+    ``unknown_ok``: a class of the allowed packages that this mmtx does not have passes (its
+    arguments are still checked as plain data), for configs that can be replaced on the command
+    line (a checkpoint's data module, say, that has moved since)."""
     if isinstance(config, Mapping):
         target = config.get("_target_")
         if "_target_" in config:
-            keys = constructor_keys(stored_class(target, allowed, f"{where}._target_"))
+            try:
+                keys = constructor_keys(stored_class(target, allowed, f"{where}._target_"))
+            except UnknownStoredClass:
+                if not unknown_ok:
+                    raise
+                keys = None
         for key, value in config.items():
             at = f"{where}.{key}"
             if not isinstance(key, str):
@@ -122,10 +155,10 @@ def check_stored_config(config: Any, where: str, allowed: Allowed) -> None:
                 continue
             if "_target_" in config and keys is not None and key not in keys:
                 raise StoredConfigError(f"{at}: {target} takes no argument {key!r}")
-            check_stored_config(value, at, allowed)
+            check_stored_config(value, at, allowed, unknown_ok)
     elif isinstance(config, (list, tuple)):
         for i, value in enumerate(config):
-            check_stored_config(value, f"{where}[{i}]", allowed)
+            check_stored_config(value, f"{where}[{i}]", allowed, unknown_ok)
     elif not isinstance(config, _PLAIN):
         raise StoredConfigError(f"{where}: a {type(config).__name__} is not a plain config value")
     elif isinstance(config, str) and "${" in config:

@@ -65,9 +65,10 @@ def test_the_demo_page_captions_an_upload_shows_a_heat_map_and_refuses_a_text_fi
     pytest.importorskip("gradio", reason="pip install 'mmtx[demo]'")
     sync_api = pytest.importorskip("playwright.sync_api")
     ckpt = repeating_checkpoint(tmp_path / "last.ckpt")
-    image, text = tmp_path / "photo.png", tmp_path / "notes.txt"
+    image, text, disguised = tmp_path / "photo.png", tmp_path / "notes.txt", tmp_path / "notes.png"
     Image.new("RGB", (48, 40), "red").save(image)
     text.write_text("not an image")
+    disguised.write_text("not an image either")
     port = free_port()
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "NO_PROXY": "127.0.0.1,localhost"}
     big = tmp_path / "big.png"
@@ -94,8 +95,12 @@ def test_the_demo_page_captions_an_upload_shows_a_heat_map_and_refuses_a_text_fi
 
             page.goto(f"http://127.0.0.1:{port}/")  # a fresh page: the file box holds the image now
             page.wait_for_selector("#run", timeout=60_000)
-            page.locator("#upload input[type=file]").set_input_files(str(text))
-            sync_api.expect(page.locator("#upload")).to_contain_text(re.compile(r"notes\s*\.txt"), timeout=30_000)
+            page.locator("#upload input[type=file]").set_input_files(str(text))  # not a type the box takes
+            sync_api.expect(page.locator("body")).to_contain_text("Invalid file type", timeout=30_000)
+            page.goto(f"http://127.0.0.1:{port}/")
+            page.wait_for_selector("#run", timeout=60_000)
+            page.locator("#upload input[type=file]").set_input_files(str(disguised))  # a text file named as an image
+            sync_api.expect(page.locator("#upload")).to_contain_text(re.compile(r"notes\s*\.png"), timeout=30_000)
             page.click("#run")
             sync_api.expect(page.locator("#status")).to_contain_text("Not an image we can read", timeout=30_000)
             page.screenshot(path=str(tmp_path / "demo-refused.png"), full_page=True)

@@ -165,7 +165,7 @@ def test_read_image_gives_load_image_pixels_decoding_photos_with_torchcodec(
     files = _every_kind_of_file(tmp_path)
     expected = {name: torch.from_numpy(np.array(load_image(path))).permute(2, 0, 1) for name, (path, _) in files.items()}
     used_pillow = []
-    monkeypatch.setattr(images, "load_image", lambda path: used_pillow.append(Path(path)) or load_image(path))
+    monkeypatch.setattr(images, "load_image", lambda path, **limit: used_pillow.append(Path(path)) or load_image(path, **limit))
     for name, (path, fast) in files.items():
         pixels = read_image(path)
         assert pixels.dtype == torch.uint8 and torch.equal(pixels, expected[name]), name

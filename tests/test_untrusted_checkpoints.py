@@ -163,6 +163,23 @@ def test_the_allowed_packages_imports_are_not_reachable_by_name(name: str) -> No
         check_stored_config({"_target_": name}, "f: model", MODEL)
 
 
+def test_a_data_module_that_has_moved_passes_but_its_arguments_are_still_checked() -> None:
+    """A checkpoint's data module renamed since (mmtx-eval then asks for data=): nothing by that
+    name can run, so it passes the read; what it holds is checked all the same."""
+    from mmtx.stored_config import DATA, UnknownStoredClass
+
+    moved = {"_target_": "mmtx.data.datamodule.CocoCaptions", "image_size": 32}
+    check_stored_config(moved, "f: mmtx_data", DATA, unknown_ok=True)
+    with pytest.raises(UnknownStoredClass):
+        check_stored_config(moved, "f: mmtx_data", DATA)
+    with pytest.raises(StoredConfigError, match=r"f: mmtx_data.val._target_: 'os.makedirs' is not a data module"):
+        check_stored_config({**moved, "val": {"_target_": "os.makedirs"}}, "f: mmtx_data", DATA, unknown_ok=True)
+    # reachable by walking attributes from an mmtx.data module: not unknown, refused
+    with pytest.raises(StoredConfigError, match="is not a data module") as info:
+        check_stored_config({"_target_": "mmtx.data.base.L.LightningDataModule"}, "f: mmtx_data", DATA, unknown_ok=True)
+    assert not isinstance(info.value, UnknownStoredClass)
+
+
 def test_an_export_cannot_name_the_allowed_packages_imports(tmp_path: Path) -> None:
     from mmtx.data.tokenizer import Tokenizer
     from mmtx.tasks.caption import CaptionTask

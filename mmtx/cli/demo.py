@@ -7,6 +7,11 @@ convention for model demos (LAVIS, Hugging Face Spaces) and serves its page from
 itself: nothing is fetched from the internet, and the page binds to 127.0.0.1 unless told
 otherwise. Every failure a visitor can cause (a file that is not an image, a question left
 empty) is a message on the page; the server goes on.
+
+Uploads are untrusted: the file box takes the image formats mmtx reads (`UPLOAD_TYPES`), each
+upload is read as training images are (`mmtx.data.images`: one of those formats, at most
+``MAX_IMAGE_PIXELS`` pixels, both checked from the header before decoding), and Gradio deletes
+the uploaded files an hour after they came (`KEEP_UPLOADS`), and all of them when the server stops.
 """
 
 from __future__ import annotations
@@ -24,26 +29,33 @@ from mmtx.attention_maps import caption_maps, overlay, question_maps
 from mmtx.checkpoint import CheckpointError, load_task
 from mmtx.cli.common import CONFIG_DIR, friendly_errors, image_size
 from mmtx.cli.vqa import model_inputs
-from mmtx.data.images import ImageLoadError, read_image
+from mmtx.data.images import IMAGE_FORMATS, MAX_IMAGE_PIXELS, ImageLoadError, read_image
 from mmtx.data.transforms import build_resize, normalize_images
 from mmtx.tasks.caption import CaptionTask
 from mmtx.tasks.vqa import AnswerTask
 
 DECODING = ("greedy", "beam search", "sampling")
+# the file names the upload box takes: Pillow's for the formats mmtx reads ("MPO": phones' JPEGs)
+UPLOAD_TYPES = sorted(ext for ext, fmt in Image.registered_extensions().items() if fmt in (*IMAGE_FORMATS, "MPO"))
+KEEP_UPLOADS = (600, 3600)  # Gradio's delete_cache: every 10 minutes, delete uploads over an hour old
 
 
 class Demo:
     """What the page calls: the checkpoint's task and how it reads an uploaded file."""
 
-    def __init__(self, task: Any) -> None:
+    def __init__(self, task: Any, max_pixels: int = MAX_IMAGE_PIXELS) -> None:
         self.task = task
         self.resize = build_resize(image_size(task))
+        self.max_pixels = max_pixels
 
     def pixels(self, path: str | None) -> torch.Tensor:
-        """The uploaded file as the model's uint8 (3, S, S) input; ImageLoadError if it is none."""
+        """The uploaded file as the model's uint8 (3, S, S) input; ImageLoadError if it is none,
+        is gone (`KEEP_UPLOADS`), or is not an image `read_image` takes within ``max_pixels``."""
         if not path:
             raise ImageLoadError("(nothing)", "upload an image first")
-        return self.resize(read_image(path))
+        if not os.path.exists(path):
+            raise ImageLoadError(path, "uploads are deleted after an hour: upload the image again")
+        return self.resize(read_image(path, self.max_pixels))
 
     @torch.no_grad()
     def caption(self, path: str | None, decoding: str, beams: int, temperature: float, top_p: float):
@@ -93,11 +105,12 @@ def build_page(demo: Demo) -> Any:
     """The Gradio page for ``demo``'s task."""
     import gradio as gr
 
-    with gr.Blocks(title="mmtx demo", analytics_enabled=False) as page:
+    with gr.Blocks(title="mmtx demo", analytics_enabled=False, delete_cache=KEEP_UPLOADS) as page:
         gr.Markdown(f"## mmtx · {type(demo.task).__name__}")
         with gr.Row():
             with gr.Column():
-                upload = gr.File(label="Image (JPEG, PNG, WebP, ...)", type="filepath", elem_id="upload")
+                upload = gr.File(label=f"Image ({', '.join(IMAGE_FORMATS)})", file_types=UPLOAD_TYPES, type="filepath",
+                                 elem_id="upload")
                 status = gr.Markdown(elem_id="status")
                 if isinstance(demo.task, CaptionTask):
                     decoding = gr.Radio(list(DECODING), value="greedy", label="Decoding")

@@ -3,19 +3,57 @@
 What the caption and VQA readers share: `AnnotationError` (a problem, in one line, e.g.
 ``captions_val2014.json: annotations[17].caption: expected a string, got null``),
 `EntryProblems` (problems with single entries, raised together or handed to a ``skipped``
-list), typed access to an entry's keys, file names kept inside their image root, and atomic
-writes.
+list, and texts cut to the text limit), typed access to an entry's keys, file names kept
+inside their image root, and atomic writes.
+
+Annotation files are untrusted (often scraped): a whole file may be large (COCO's and VQA's
+run to hundreds of MB), but each caption, question and answer keeps at most ``max_chars``
+characters (`text_limit`, ``data.max_text_chars``), so that one huge entry costs neither a
+tokenizer pass per batch nor a metric's memory; the cut texts are counted and logged per file.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from mmtx.data.bad_data import listing
+
+log = logging.getLogger(__name__)
+
+MAX_TEXT_CHARS = 2000  # data.max_text_chars by default: COCO's longest caption has a few hundred
+
+
+@dataclass
+class TextLimit:
+    """The most characters a caption, question or answer keeps, and each text cut to it
+    (``"FILE: ENTRY"``, its length) while the limit is in force (`text_limit`)."""
+
+    max_chars: int = MAX_TEXT_CHARS
+    cut: list[tuple[str, int]] = field(default_factory=list)
+
+
+_LIMIT: ContextVar[TextLimit | None] = ContextVar("mmtx_text_limit", default=None)
+
+
+@contextmanager
+def text_limit(max_chars: int) -> Iterator[TextLimit]:
+    """Within the block, the readers cut texts to ``max_chars`` (else to `MAX_TEXT_CHARS`) and
+    list each cut in the `TextLimit` given, for a data module's report."""
+    limit = TextLimit(max_chars)
+    token = _LIMIT.set(limit)
+    try:
+        yield limit
+    finally:
+        _LIMIT.reset(token)
 
 
 class AnnotationError(ValueError):
@@ -24,17 +62,35 @@ class AnnotationError(ValueError):
 
 class EntryProblems:
     """Problems with single entries of one annotation file: raised together at the end, or
-    handed to the caller's ``skipped`` list (the entries are then left out)."""
+    handed to the caller's ``skipped`` list (the entries are then left out). Also counts the
+    texts its reader cut to the text limit (`bounded`), to log them per file at the end."""
 
     def __init__(self, file: Path, skipped: list[str] | None) -> None:
         self.file, self.skipped = file, skipped
         self.found: list[str] = []
+        self.limit = _LIMIT.get() or TextLimit()
+        self.cut: dict[Path, list[int]] = {}  # file -> the lengths of its texts cut
 
     def add(self, problem: AnnotationError | str) -> None:
         self.found.append(str(problem))
 
+    def bounded(self, text: str, where: str, file: Path | None = None) -> str:
+        """``text`` (of entry ``where`` of ``file``, default this reader's file) cut to the text
+        limit's ``max_chars``; a cut is counted. Call it once the entry is known to be good."""
+        if len(text) <= self.limit.max_chars:
+            return text
+        file = self.file if file is None else file
+        self.cut.setdefault(file, []).append(len(text))
+        self.limit.cut.append((f"{file}: {where}", len(text)))
+        return text[: self.limit.max_chars]
+
     def finish(self) -> None:
-        """Hand the problems over, or raise them as one AnnotationError."""
+        """Log the texts cut (one line per file), then hand the problems over, or raise them as
+        one AnnotationError."""
+        for file, lengths in self.cut.items():
+            log.warning("%s: cut %d text(s) longer than data.max_text_chars=%d characters (the longest has %d)",
+                        file, len(lengths), self.limit.max_chars, max(lengths))
+        self.cut = {}
         if self.skipped is not None:
             self.skipped.extend(self.found)
         elif len(self.found) == 1:

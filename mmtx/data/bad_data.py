@@ -3,14 +3,15 @@
 Two policies, each ``error`` (the default: stop, naming every culprit) or ``skip`` (drop them,
 count them, say which): ``data.on_bad_image`` for image files that are missing or cannot be
 decoded, ``data.on_bad_annotation`` for entries of an annotation file that are malformed
-(missing keys, wrong types, duplicate ids, empty or invalid text, questions without answers).
+(missing keys, wrong types, duplicate ids, empty or invalid text, questions without answers)
+or too large to read (a JSONL line, a CSV field, a shard's text member).
 Problems with a whole file (not found, not JSON, no ``images`` array) are always errors.
 
 `BadDataError` lists what the ``error`` policies found; `BadDataReport` keeps one line per
-item left out (and per text cut to ``max_length``) for a run to write next to its checkpoints
-(``bad_data.txt``). `screen` applies the policies to a split before training; `ScreenedLoader`
-and `DecodeFailures` apply them, in the main process, to images that fail to decode later
-(inside a loader worker).
+item left out (and per text cut to ``max_text_chars`` characters or ``max_length`` tokens) for
+a run to write next to its checkpoints (``bad_data.txt``). `screen` applies the policies to a
+split before training; `ScreenedLoader` and `DecodeFailures` apply them, in the main process,
+to images that fail to decode later (inside a loader worker).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, Literal
 
 from torch.utils.data import DataLoader, Dataset
 
-from mmtx.data.images import ImageLoadError, scan_images
+from mmtx.data.images import MAX_IMAGE_PIXELS, ImageLoadError, scan_images
 
 log = logging.getLogger(__name__)
 
@@ -122,13 +123,15 @@ class BadDataReport:
 def screen(
     split: str, records: list[Any], skipped: list[str], on_bad_image: Policy, on_bad_annotation: Policy,
     report: BadDataReport, describe: Callable[[list[Any]], str], scan: bool = True,
+    max_pixels: int = MAX_IMAGE_PIXELS,
 ) -> list[Any]:
     """The split's good ``records`` (each with a ``path``): the bad annotation entries its reader
     described in ``skipped`` and the records whose image file fails the pre-flight scan are left
     out under ``skip`` (logged, and added to ``report``), and raised together under ``error``.
     ``describe(records)`` says what leaving records out drops, e.g. "their 12 caption(s)";
-    ``scan=False`` leaves the images to be checked where they are decoded."""
-    bad = scan_images((r.path for r in records), desc=f"checking {split} images") if scan else {}
+    ``scan=False`` leaves the images to be checked where they are decoded; images over
+    ``max_pixels`` pixels are bad (`mmtx.data.images.check_image`)."""
+    bad = scan_images((r.path for r in records), f"checking {split} images", max_pixels) if scan else {}
     kept = [r for r in records if r.path not in bad]
     failed_annotations = skipped if on_bad_annotation == "error" else []
     failed_images = bad if on_bad_image == "error" else {}

@@ -2,9 +2,10 @@
 
 Bad input is screened where it is cheapest to name (see `mmtx.data.bad_data` for the
 policies): a split's annotation entries as they are read, its image files by a pre-flight
-scan before any training, texts longer than ``max_length`` when the tokenizer is known, and
-images that still fail to decode inside a loader worker by the main process, which gets them
-listed in each batch (``image_failures``) instead of as a crash inside the worker.
+scan before any training, texts longer than ``max_text_chars`` characters as they are read
+(cut), texts longer than ``max_length`` tokens when the tokenizer is known (cut), and images
+that still fail to decode inside a loader worker by the main process, which gets them listed in
+each batch (``image_failures``) instead of as a crash inside the worker.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
+from mmtx.data.annotations import MAX_TEXT_CHARS, text_limit
 from mmtx.data.bad_data import (
     DECODE_HINT,
     FAILURES_KEY,
@@ -32,7 +34,7 @@ from mmtx.data.bad_data import (
     check_policy,
     screen,
 )
-from mmtx.data.images import ImageLoadError, read_image
+from mmtx.data.images import MAX_IMAGE_PIXELS, ImageLoadError, read_image
 from mmtx.data.memory import ImagesInMemory, fits_in_memory
 from mmtx.data.sampling import SeededDataset, ShardedBatchSampler, position_in_epoch
 from mmtx.data.tokenizer import Tokenizer, TokenizerError
@@ -83,12 +85,18 @@ class ImageTextDataModule(L.LightningDataModule):
         num_workers: processes that decode and transform images.
         max_length: longest text in tokens, [BOS] and [EOS] included (longer ones are cut,
             counted and reported).
+        max_text_chars: the most characters a caption, question or answer keeps as it is read
+            (longer ones are cut, counted and reported), which bounds what one entry of an
+            untrusted file costs each time it is tokenized or scored.
         crop_scale: ``[min, max]`` area for random resized crops in training; ``None``: no crop.
         shift_px: move each training image by a random offset of up to this many pixels each
             way (`mmtx.data.transforms.random_shift`), on the training device; 0: none.
         on_bad_image: ``error`` (stop before training, naming the bad files) or ``skip`` (leave
             them and their texts out; replace an image that fails to decode later).
         on_bad_annotation: the same for malformed annotation entries (default: ``on_bad_image``).
+        max_image_pixels: the most pixels (width x height) an image file may have: one with more
+            is a bad image, refused from its header before it is decoded (`mmtx.data.images`).
+            Pillow's own limit, twice ``PIL.Image.MAX_IMAGE_PIXELS``, still applies above it.
         in_memory: decode each split's images once, before training, and keep them in memory
             (`mmtx.data.memory`): ``true``, ``false``, or ``auto`` (when the resized images fit in
             ``MAX_MEMORY_BYTES``). Never for training with random crops.
@@ -109,10 +117,12 @@ class ImageTextDataModule(L.LightningDataModule):
         eval_batch_size: int | None = None,
         num_workers: int = 2,
         max_length: int = 32,
+        max_text_chars: int = MAX_TEXT_CHARS,
         crop_scale: tuple[float, float] | None = None,
         shift_px: int = 0,
         on_bad_image: Policy = "error",
         on_bad_annotation: Policy | None = None,
+        max_image_pixels: int = MAX_IMAGE_PIXELS,
         in_memory: bool | str = "auto",
         shuffle_seed: int = 0,
         tokenizer: Tokenizer | Callable[[list[str]], Tokenizer] | None = None,
@@ -130,12 +140,18 @@ class ImageTextDataModule(L.LightningDataModule):
         self.image_size, self.batch_size = image_size, batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers, self.max_length = num_workers, max_length
+        if isinstance(max_text_chars, bool) or not isinstance(max_text_chars, int) or max_text_chars < 1:
+            raise ValueError(f"data.max_text_chars={max_text_chars!r} must be a positive integer")
+        self.max_text_chars = max_text_chars
         self.crop_scale = tuple(crop_scale) if crop_scale else None
         if isinstance(shift_px, bool) or not isinstance(shift_px, int) or not 0 <= shift_px < image_size // 2:
             raise ValueError(f"data.shift_px={shift_px!r} must be an integer from 0 to image_size/2 - 1")
         self.shift_px = shift_px
         self.on_bad_image = check_policy(on_bad_image, "data.on_bad_image")
         self.on_bad_annotation = check_policy(on_bad_annotation or on_bad_image, "data.on_bad_annotation")
+        if isinstance(max_image_pixels, bool) or not isinstance(max_image_pixels, int) or max_image_pixels < 1:
+            raise ValueError(f"data.max_image_pixels={max_image_pixels!r} must be a positive integer")
+        self.max_image_pixels = max_image_pixels
         if not (tokenizer is None or isinstance(tokenizer, Tokenizer) or callable(tokenizer)):
             raise TypeError(f"tokenizer must be a Tokenizer or a function that learns one, got {type(tokenizer).__name__}")
         self.tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else None
@@ -181,9 +197,13 @@ class ImageTextDataModule(L.LightningDataModule):
             raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
         if split not in self._records:
             skipped: list[str] = []
-            records = self.load_records(split, skipped)
+            with text_limit(self.max_text_chars) as limit:
+                records = self.load_records(split, skipped)
+            for what, length in limit.cut:  # each file's count is logged by its reader
+                self.report.add(split, "truncated", what, f"{length} characters > data.max_text_chars={limit.max_chars}")
             self._records[split] = screen(split, records, skipped, self.on_bad_image, self.on_bad_annotation,
-                                          self.report, self.describe, scan=self.preflight_scan)
+                                          self.report, self.describe, scan=self.preflight_scan,
+                                          max_pixels=self.max_image_pixels)
         return self._records[split]
 
     # --- Lightning hooks --------------------------------------------------------------------
@@ -338,11 +358,13 @@ class ImageTextDataset(Dataset):
     example's, and listed in the example (``image_failures``) for the loader to count or raise.
 
     Under ``on_bad_image=error`` outside a loader worker the `ImageLoadError` is raised at once.
+    An image of more than ``max_pixels`` pixels fails to decode, refused from its header.
     """
 
-    def __init__(self, transform: Any, on_bad_image: Policy = "error") -> None:
+    def __init__(self, transform: Any, on_bad_image: Policy = "error", max_pixels: int = MAX_IMAGE_PIXELS) -> None:
         self.transform = transform
         self.on_bad_image = check_policy(on_bad_image, "on_bad_image")
+        self.max_pixels = max_pixels
         self.memory: ImagesInMemory | None = None  # set by `keep_in_memory`
 
     @property
@@ -356,7 +378,7 @@ class ImageTextDataset(Dataset):
         """Decode every image now, once, and serve them from memory from then on. Only for a
         deterministic ``transform`` (evaluation, or training without random crops): the stored
         images are its resized output."""
-        self.memory = ImagesInMemory((self.image_path(i) for i in range(len(self))), image_size, desc)
+        self.memory = ImagesInMemory((self.image_path(i) for i in range(len(self))), image_size, desc, self.max_pixels)
         return self.memory
 
     def image(self, path: Path) -> Tensor:
@@ -364,7 +386,7 @@ class ImageTextDataset(Dataset):
         batches are normalised on the training device (`on_after_batch_transfer`)."""
         if self.memory is not None:
             return self.memory[path]
-        return self.transform(read_image(path))
+        return self.transform(read_image(path, self.max_pixels))
 
     def record(self, i: int) -> Any:
         """Example ``i``'s record (anything with the image's ``path``): read once per example, as

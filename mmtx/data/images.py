@@ -10,13 +10,23 @@ decoder gives them — 8-bit RGB and grayscale JPEG and PNG — and by `load_ima
 counterpart for a pre-flight scan (headers, checksums, the end of a JPEG), and `scan_images`
 runs it over a whole split with a progress bar. Both readers also take a `FileSlice`: an image
 stored inside a larger file, as a member of a WebDataset tar shard is.
+
+Image files are untrusted (downloaded by the million), so every path here opens a file with
+Pillow's lazy ``Image.open`` first, which parses the header and decodes nothing, and refuses it
+before any decoder runs unless it is one of the raster formats training images come in
+(`IMAGE_FORMATS`: no other Pillow plugin is even tried, so a PostScript file named ``.png`` never
+reaches Ghostscript) and its width x height is at most ``max_pixels`` (``data.max_image_pixels``,
+`MAX_IMAGE_PIXELS` by default): a small PNG of one colour can declare a huge image.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import os
+import re
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,8 +45,6 @@ except (ImportError, OSError, RuntimeError) as _unavailable:  # not installed, o
     # TorchCodec's compiled ops follow torch releases, and GPU images often ship a torch that no
     # TorchCodec release matches: torchvision.io's decoders (the same libjpeg-turbo and libpng;
     # deprecated for TorchCodec since torchvision 0.29) give the same pixels there.
-    import warnings
-
     from torchvision.io import ImageReadMode, read_file
     from torchvision.io import decode_image as _decode_tensor
 
@@ -47,6 +55,14 @@ except (ImportError, OSError, RuntimeError) as _unavailable:  # not installed, o
         data = read_file(str(source)) if isinstance(source, Path) else source
         return _decode_tensor(data, mode=ImageReadMode[mode], apply_exif_orientation=True)
 
+
+# Pillow's default ``Image.MAX_IMAGE_PIXELS`` (a 0.25 GiB RGB image), fixed here rather than read
+# from Pillow, where another library may have raised or disabled it: data.max_image_pixels by default.
+MAX_IMAGE_PIXELS = 89_478_485
+# The raster formats training images come in, as Pillow names them; multi-picture JPEGs from phones
+# (Pillow's "MPO") open through the JPEG plugin, so are read too.
+IMAGE_FORMATS: tuple[str, ...] = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
+_NOT_RASTER = f"not a raster image mmtx reads ({', '.join(IMAGE_FORMATS)}): cannot identify its format"
 
 # Transparent pixels are composited onto white: transparent regions in logos, icons and
 # scanned documents are meant to be shown on a (white) page, and white keeps dark line art
@@ -100,55 +116,57 @@ class ImageLoadError(Exception):
         return f"cannot load image {self.path}: {self.reason}"
 
 
-def load_image(path: ImageSource) -> Image.Image:
+def load_image(path: ImageSource, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
     """Open `path`, fully decode it, apply its EXIF orientation and return it as 8-bit RGB.
 
     Alpha (including palette transparency) is composited onto `ALPHA_BACKGROUND`; 16- and
     32-bit integer images are scaled to 8 bits by their bit depth; float images by their
-    range (see `_high_depth_to_uint8`). Pillow's decompression-bomb limit stays in force.
+    range (see `_high_depth_to_uint8`). Only `IMAGE_FORMATS` of at most ``max_pixels`` pixels
+    are decoded (see the module docs); Pillow's own decompression-bomb limit stays in force.
 
     Raises:
         ImageLoadError: the file is missing, empty, not an image, truncated, too large or
             in a mode that has no RGB meaning; the message names the file.
     """
-    return _decoded_by_pillow(*_opened(path))
+    return _decoded_by_pillow(*_opened(path), max_pixels)
 
 
-def _decoded_by_pillow(path: ImageSource, file: Path | BinaryIO) -> Image.Image:
+def _decoded_by_pillow(path: ImageSource, file: Path | BinaryIO, max_pixels: int) -> Image.Image:
     """`load_image` of what `_opened` gave (a slice's bytes are read once, not again)."""
     # Decoders signal broken input with many exception types (OSError, SyntaxError,
-    # struct.error, IndexError from malformed EXIF, DecompressionBombError, ...), so this
-    # boundary converts all of them, keeping the original as the cause.
-    try:
-        with Image.open(file) as raw:
+    # struct.error, IndexError from malformed EXIF, ...), so this boundary converts all of
+    # them, keeping the original as the cause.
+    with _header(path, file, max_pixels) as raw:
+        try:
             raw.load()  # decode now so a truncated file fails here, not inside a worker later
             return _to_rgb(ImageOps.exif_transpose(raw))
-    except Exception as err:
-        raise ImageLoadError(path, f"{type(err).__name__}: {err}") from err
+        except Exception as err:
+            raise ImageLoadError(path, f"{type(err).__name__}: {err}") from err
 
 
-def read_image(path: ImageSource) -> torch.Tensor:
+def read_image(path: ImageSource, max_pixels: int = MAX_IMAGE_PIXELS) -> torch.Tensor:
     """The upright 8-bit RGB pixels of `path` as a uint8 tensor (3, H, W): those of `load_image`.
 
     8-bit RGB or grayscale JPEG and PNG files without transparency (most photos) are decoded by
-    TorchCodec (EXIF orientation applied); every other file by `load_image`.
+    TorchCodec (EXIF orientation applied); every other file by `load_image`. Either way the
+    header is checked first, as `load_image` does: TorchCodec has no size limit of its own.
 
     Raises:
         ImageLoadError: as `load_image`.
     """
     path, file = _opened(path)
-    try:
-        with Image.open(file) as img:  # the header only
-            fast = _decoded_alike(img)
-        if fast:
+    with _header(path, file, max_pixels) as img:
+        fast = _decoded_alike(img)
+    if fast:
+        try:
             data = file if isinstance(file, Path) else torch.frombuffer(bytearray(file.getvalue()), dtype=torch.uint8)
             return decode_image(data, mode="RGB")
-    except Exception as err:  # as in load_image: decoders raise many types
-        raise ImageLoadError(path, f"{type(err).__name__}: {err}") from err
+        except Exception as err:  # as in load_image: decoders raise many types
+            raise ImageLoadError(path, f"{type(err).__name__}: {err}") from err
     if isinstance(file, Path):
-        return pil_to_tensor(load_image(file))
+        return pil_to_tensor(load_image(file, max_pixels=max_pixels))
     file.seek(0)  # a slice's bytes, already read
-    return pil_to_tensor(_decoded_by_pillow(path, file))
+    return pil_to_tensor(_decoded_by_pillow(path, file, max_pixels))
 
 
 def _decoded_alike(img: Image.Image) -> bool:
@@ -161,11 +179,12 @@ def _decoded_alike(img: Image.Image) -> bool:
     return (args[0] if isinstance(args, tuple) else args) == img.mode
 
 
-def check_image(path: str | os.PathLike) -> str | None:
+def check_image(path: str | os.PathLike, max_pixels: int = MAX_IMAGE_PIXELS) -> str | None:
     """Why ``path`` cannot be loaded, or None if it looks fine; far cheaper than `load_image`.
 
-    Checks that the file exists, is not empty and is an image Pillow can open within its
-    decompression-bomb limit, then its integrity as cheaply as the format allows: a PNG's
+    Checks that the file exists, is not empty and has the header of an image `load_image`
+    decodes (one of `IMAGE_FORMATS`, at most ``max_pixels`` pixels, within Pillow's own
+    decompression-bomb limit), then its integrity as cheaply as the format allows: a PNG's
     chunk checksums (``verify``), a JPEG's end-of-image marker (a full decode only when the
     marker is missing, as some cameras append data after it), a full decode for other formats.
     A file that passes can still fail to decode (corrupt data inside a complete JPEG); such
@@ -176,26 +195,31 @@ def check_image(path: str | os.PathLike) -> str | None:
     if problem is not None:
         return problem
     try:
-        with Image.open(path) as img:
+        with _header(path, path, max_pixels) as img:
             fmt = img.format
             if fmt == "PNG":
                 img.verify()
             elif fmt != "JPEG":
                 _to_rgb(ImageOps.exif_transpose(img))  # loads, and finds modes with no RGB meaning
         if fmt == "JPEG" and not _ends_like_jpeg(path):
-            with Image.open(path) as img:
+            with _header(path, path, max_pixels) as img:
                 img.draft("RGB", (1, 1))  # decode at 1/8 scale: every byte is still read
                 img.load()
+    except ImageLoadError as err:
+        return err.reason
     except Exception as err:  # as in load_image: decoders raise many types
         return f"{type(err).__name__}: {err}"
     return None
 
 
-def scan_images(paths: Iterable[str | os.PathLike], desc: str = "checking images") -> dict[Path, str]:
+def scan_images(
+    paths: Iterable[str | os.PathLike], desc: str = "checking images", max_pixels: int = MAX_IMAGE_PIXELS
+) -> dict[Path, str]:
     """``{path: reason}`` for each of ``paths`` that `check_image` finds bad (each path once),
     checked on a few threads with a progress bar (`map_images`)."""
     unique = list(dict.fromkeys(Path(p) for p in paths))
-    problems = map_images(check_image, unique, min(_SCAN_THREADS, max(1, len(unique) // 64)), desc)
+    check = functools.partial(check_image, max_pixels=max_pixels)
+    problems = map_images(check, unique, min(_SCAN_THREADS, max(1, len(unique) // 64)), desc)
     return {path: problem for path, problem in zip(unique, problems) if problem is not None}
 
 
@@ -222,6 +246,39 @@ def _opened(source: ImageSource) -> tuple[ImageSource, Path | BinaryIO]:
     if problem is not None:
         raise ImageLoadError(path, problem)
     return path, path
+
+
+def _header(path: ImageSource, file: Path | BinaryIO, max_pixels: int) -> Image.Image:
+    """``file`` opened by Pillow, its header parsed and nothing decoded, if it is one of
+    `IMAGE_FORMATS` with at most ``max_pixels`` pixels; else `ImageLoadError` naming ``path``."""
+    try:
+        with warnings.catch_warnings():
+            # Pillow warns of an image over its own limit as it opens it: the size is compared below.
+            # (Before Python 3.14 the filter is process-wide: threads opening images at once can
+            # only see it a moment early or late, which decides whether this warning shows, no more.)
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(file, formats=IMAGE_FORMATS)
+    except Image.UnidentifiedImageError as err:
+        raise ImageLoadError(path, _NOT_RASTER) from err
+    except Image.DecompressionBombError as err:  # over twice Pillow's limit: refused before its size is known here
+        raise ImageLoadError(path, _bomb_reason(err, max_pixels)) from err
+    except Exception as err:  # a header broken in a way the plugin does not catch
+        raise ImageLoadError(path, f"{type(err).__name__}: {err}") from err
+    width, height = img.size
+    if width * height > max_pixels:
+        img.close()
+        raise ImageLoadError(
+            path, f"{width}x{height} = {width * height:,} pixels, over the limit of {max_pixels:,} (data.max_image_pixels)"
+        )
+    return img
+
+
+def _bomb_reason(err: Image.DecompressionBombError, max_pixels: int) -> str:
+    """What Pillow's refusal of an image over twice its own limit means against ``max_pixels``."""
+    found = re.search(r"\((\d+) pixels\)", str(err))  # "Image size (400000000 pixels) exceeds limit of ..."
+    if found and int(found[1]) > max_pixels:
+        return f"{int(found[1]):,} pixels, over the limit of {max_pixels:,} (data.max_image_pixels)"
+    return f"{type(err).__name__}: {err} (Pillow's own limit: PIL.Image.MAX_IMAGE_PIXELS)"
 
 
 def _file_problem(path: Path) -> str | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from mmtx.data.images import FileSlice, ImageLoadError, ImageSource, map_images, read_image
+from mmtx.data.images import MAX_IMAGE_PIXELS, FileSlice, ImageLoadError, ImageSource, map_images, read_image
 from mmtx.data.transforms import build_resize
 
 MAX_MEMORY_BYTES = 1024**3  # `in_memory: auto` holds a split whose resized images fit in this
@@ -29,11 +29,13 @@ def fits_in_memory(num_images: int, image_size: int, limit: int = MAX_MEMORY_BYT
 class ImagesInMemory:
     """Every image of ``paths`` as a uint8 (3, S, S) tensor, decoded once (with a progress bar).
 
-    An image that fails to decode is remembered with its reason and raises `ImageLoadError` when
-    asked for, as decoding it from disk would: the data set's ``on_bad_image`` policy applies.
+    An image that fails to decode (or has more than ``max_pixels`` pixels: `read_image`) is
+    remembered with its reason and raises `ImageLoadError` when asked for, as decoding it from
+    disk would: the data set's ``on_bad_image`` policy applies.
     """
 
-    def __init__(self, paths: Iterable[ImageSource], image_size: int, desc: str = "decoding images") -> None:
+    def __init__(self, paths: Iterable[ImageSource], image_size: int, desc: str = "decoding images",
+                 max_pixels: int = MAX_IMAGE_PIXELS) -> None:  # fmt: skip
         unique = list(dict.fromkeys(map(_key, paths)))
         self.pixels = torch.empty(len(unique), 3, image_size, image_size, dtype=torch.uint8)  # (N, 3, S, S)
         self.slots: dict[Path | FileSlice, int] = {}
@@ -42,7 +44,7 @@ class ImagesInMemory:
 
         def decode(path: Path | FileSlice) -> Tensor | str:
             try:
-                return resize(read_image(path))
+                return resize(read_image(path, max_pixels))
             except ImageLoadError as err:
                 return err.reason
 

@@ -14,6 +14,7 @@ from torch.utils.data import Dataset, default_collate
 
 from mmtx.data.bad_data import FAILURES_KEY, Policy
 from mmtx.data.base import FileSplits, ImageTextDataModule, ImageTextDataset, split_files
+from mmtx.data.images import MAX_IMAGE_PIXELS
 from mmtx.data.captions.files import CaptionRecord, read_coco_captions, read_karpathy, read_pairs
 from mmtx.data.packed import PackedList
 from mmtx.data.tokenizer import Tokenizer
@@ -29,8 +30,8 @@ class CaptionDataset(ImageTextDataset):
     """
 
     def __init__(self, records: list[CaptionRecord], transform: Any, pairs: bool,
-                 on_bad_image: Policy = "error") -> None:  # fmt: skip
-        super().__init__(transform, on_bad_image)
+                 on_bad_image: Policy = "error", max_pixels: int = MAX_IMAGE_PIXELS) -> None:  # fmt: skip
+        super().__init__(transform, on_bad_image, max_pixels)
         self.records = PackedList(records)
         counts = np.array([len(rec.captions) for rec in records] if pairs else [1] * len(records), dtype=np.int64)
         record = np.repeat(np.arange(len(records)), counts)  # (N,) the record of each example
@@ -75,7 +76,8 @@ class CaptionDataModule(ImageTextDataModule):
     """Images and their captions (training: one example per pair; evaluation: per image)."""
 
     def make_dataset(self, records: list[CaptionRecord], transform: Any, train: bool) -> Dataset:
-        return CaptionDataset(records, transform, pairs=train, on_bad_image=self.on_bad_image)
+        return CaptionDataset(records, transform, pairs=train, on_bad_image=self.on_bad_image,
+                              max_pixels=self.max_image_pixels)
 
     def make_collator(self) -> CaptionCollator:
         return CaptionCollator(self.tokenizer, self.max_length)

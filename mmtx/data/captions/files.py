@@ -8,6 +8,8 @@ A problem with the whole file (not found, not JSON, no ``images`` array) is rais
 problems with single entries (missing keys, wrong types, duplicate ids, empty or non-UTF-8
 text, unknown image ids) are collected and raised together, or, when the caller passes a
 ``skipped`` list, the entries are left out and one line per problem is appended to it.
+A caption longer than the text limit is cut to it (`mmtx.data.annotations.text_limit`), and
+a JSONL line longer than `MAX_LINE_CHARS` or a CSV row the csv module refuses is a bad row.
 Image files are not opened or checked for existence here.
 """
 
@@ -38,6 +40,7 @@ from mmtx.data.annotations import (
 from mmtx.data.bad_data import listing
 
 KARPATHY_TRAIN_EXTRA = "restval"  # Karpathy's convention: "train" also takes these images
+MAX_LINE_CHARS = 2**20  # the longest JSONL line of a pairs file: a few captions take a few kB
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,8 @@ def read_coco_captions(
             text = require(entry, "caption", str, file, where)
             if image_id not in captions:
                 raise AnnotationError(f"{file}: {where}.image_id: image id {image_id} is not in images[]")
-            captions[image_id].append(_clean_caption(text, file, f"{where}.caption"))
+            caption = _clean_caption(text, file, f"{where}.caption")
+            captions[image_id].append(problems.bounded(caption, f"{where}.caption"))
         except AnnotationError as err:
             problems.add(err)
 
@@ -130,7 +134,7 @@ def read_pairs(
                 if problem:
                     raise AnnotationError(f"{file}: {where}.caption[{k}]: {problem}")
             cleaned = [_clean_caption(t, file, f"{where}.caption") for t in texts]  # before the image is added
-            captions.setdefault(path, []).extend(cleaned)
+            captions.setdefault(path, []).extend(problems.bounded(t, f"{where}.caption") for t in cleaned)
         except AnnotationError as err:
             problems.add(err)
     problems.finish()
@@ -139,25 +143,48 @@ def read_pairs(
 
 def _rows(file: Path) -> Iterator[tuple[str, Any]]:
     """("line N", row) for each row of a JSONL or CSV file (("row N", row) of a Parquet file); a
-    JSONL line that is not JSON gives its `AnnotationError` as the row, to be reported with the
-    other bad rows."""
+    JSONL line that is not JSON or longer than `MAX_LINE_CHARS`, or a CSV row the csv module
+    refuses (e.g. a field over ``csv.field_size_limit()``), gives its `AnnotationError` as the
+    row, to be reported with the other bad rows."""
     if file.suffix.lower() == ".parquet":
         yield from _parquet_rows(file)
         return
     text = read_text(file, "pairs file")
     if file.suffix.lower() == ".csv":
-        reader = csv.DictReader(io.StringIO(text, newline=""))
-        if not reader.fieldnames or not {"image", "caption"} <= set(reader.fieldnames):
-            raise AnnotationError(f"{file}: the CSV header must name the columns image and caption")
-        for row in reader:
-            yield f"line {reader.line_num}", row
+        yield from _csv_rows(file, text)
         return
     for number, line in enumerate(text.splitlines(), 1):
-        if line.strip():
+        if len(line) > MAX_LINE_CHARS:
+            yield f"line {number}", AnnotationError(
+                f"{file}: line {number}: {len(line)} characters, over the {MAX_LINE_CHARS} a JSONL line may have")
+        elif line.strip():
             try:
                 yield f"line {number}", json.loads(line)
             except ValueError as err:
                 yield f"line {number}", AnnotationError(f"{file}: line {number}: invalid JSON: {err}")
+
+
+def _csv_rows(file: Path, text: str) -> Iterator[tuple[str, Any]]:
+    """The rows of a CSV file's ``text`` as `_rows` gives them; the line of a row the reader
+    refuses is its last line read (the rest of that line is passed over)."""
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    try:
+        header = reader.fieldnames
+    except csv.Error as err:
+        raise AnnotationError(f"{file}: line {reader.reader.line_num}: unreadable CSV header: {err}") from None
+    if not header or not {"image", "caption"} <= set(header):
+        raise AnnotationError(f"{file}: the CSV header must name the columns image and caption")
+    rows = iter(reader)
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except csv.Error as err:  # the reader goes on from the next line
+            number = reader.reader.line_num  # DictReader.line_num is only updated by a good row
+            yield f"line {number}", AnnotationError(f"{file}: line {number}: unreadable CSV row: {err}")
+            continue
+        yield f"line {reader.line_num}", row
 
 
 def _parquet_rows(file: Path) -> Iterator[tuple[str, Any]]:
@@ -226,7 +253,8 @@ def read_karpathy(
         captions = []
         for j, sentence in enumerate(sentences):
             try:
-                captions.append(_karpathy_sentence(sentence, file, f"{where}.sentences[{j}]"))
+                text = _karpathy_sentence(sentence, file, f"{where}.sentences[{j}]")
+                captions.append(problems.bounded(text, f"{where}.sentences[{j}]"))
             except AnnotationError as err:
                 problems.add(err)
         records[image_id] = CaptionRecord(image_id, path, tuple(captions))

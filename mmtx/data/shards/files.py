@@ -10,6 +10,10 @@ the shard samples too (`mmtx.data.sampling`): a full shuffle of the split, every
 epoch for any number of processes and loader workers whether or not the shards divide among
 them, and a resumed run that continues with the next unseen sample. The price: shards must be
 uncompressed tar files on a local or mounted file system (img2dataset writes them so).
+
+Shards are untrusted: a ``.txt`` or ``.json`` member whose header gives more than
+`MAX_MEMBER_BYTES` is not read (its sample is a bad one), and captions, questions and answers
+longer than the text limit are cut to it (`mmtx.data.annotations.text_limit`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from mmtx.data.vqa.files import VqaRecord
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")  # the first one a sample has is its image
 SHARD_LIST = "shards.json"  # what mmtx-shards writes beside its shards: {split: {shards, samples}}
+MAX_MEMBER_BYTES = 2**20  # the largest .txt or .json member read: a sample's text takes a few kB
 Shards = str | os.PathLike | Iterable[str | os.PathLike]  # what `shard_paths` takes
 
 
@@ -74,7 +79,7 @@ def read_shards(shards: Shards, skipped: list[str] | None = None) -> list[Captio
     position in the split (0, 1, ...). Samples without an image or a caption, unreadable text
     and shards that are missing, compressed or cut short are problems named by shard and key:
     raised together, or left out and described in ``skipped`` (the samples of a shard before
-    the point where it is cut short are kept).
+    the point where it is cut short are kept); so is a text member over `MAX_MEMBER_BYTES`.
     """
     samples = _read(shards, skipped, _captions)
     ids = [_image_id(meta) for _, meta, _ in samples]
@@ -90,7 +95,8 @@ def read_vqa_shards(shards: Shards, skipped: list[str] | None = None) -> list[Vq
     them from VQA v2 files. Bad samples and shards are problems as in `read_shards`; so is a
     question id met twice."""
     seen: set[int] = set()
-    samples = _read(shards, skipped, lambda path, key, meta, texts: _questions(path, key, meta, seen))
+    samples = _read(shards, skipped,
+                    lambda path, key, meta, texts, problems: _questions(path, key, meta, seen, problems))
     return [VqaRecord(q["question_id"], meta["image_id"], image, q["question"], q["answers"],
                       q.get("answer_type"), q.get("question_type"))
             for image, meta, questions in samples for q in questions]  # fmt: skip
@@ -100,10 +106,11 @@ T = TypeVar("T")
 
 
 def _read(
-    shards: Shards, skipped: list[str] | None, parse: Callable[[Path, str, dict[str, Any], dict[str, bytes]], T]
+    shards: Shards, skipped: list[str] | None,
+    parse: Callable[[Path, str, dict[str, Any], dict[str, bytes], EntryProblems], T],
 ) -> list[tuple[FileSlice, dict[str, Any], T]]:
-    """(image, ``.json`` object, ``parse(shard, key, .json object, texts)``) for every good sample of
-    ``shards``; what `_image_and_meta` or ``parse`` raise is collected as in `read_shards`."""
+    """(image, ``.json`` object, ``parse(shard, key, .json object, texts, problems)``) for every good
+    sample of ``shards``; what `_image_and_meta` or ``parse`` raise is collected as in `read_shards`."""
     paths = shard_paths(shards)
     if not paths:
         raise AnnotationError(f"{shards}: names no shard file")
@@ -113,7 +120,7 @@ def _read(
         for key, members, texts in _samples(path, problems):
             try:
                 image, meta = _image_and_meta(path, key, members, texts)
-                samples.append((image, meta, parse(path, key, meta, texts)))
+                samples.append((image, meta, parse(path, key, meta, texts, problems)))
             except AnnotationError as err:
                 problems.add(err)
     problems.finish()
@@ -121,9 +128,11 @@ def _read(
 
 
 def _samples(path: Path, problems: EntryProblems) -> Iterable[tuple[str, dict[str, tarfile.TarInfo], dict[str, bytes]]]:
-    """(key, {extension: member}, {extension: text bytes}) for each sample of the shard, in order."""
+    """(key, {extension: member}, {extension: text bytes}) for each sample of the shard, in order;
+    a sample with a text member over `MAX_MEMBER_BYTES` is a problem, and that member is not read."""
     members: dict[str, dict[str, tarfile.TarInfo]] = {}
     texts: dict[str, dict[str, bytes]] = {}
+    refused: set[str] = set()  # keys of samples with a text member too large to read
     try:
         size = path.stat().st_size
         with tarfile.open(path, mode="r:") as tar:  # uncompressed only: random access needs it
@@ -136,7 +145,11 @@ def _samples(path: Path, problems: EntryProblems) -> Iterable[tuple[str, dict[st
                     members.pop(key, None)  # the sample it belongs to is incomplete
                     raise EOFError(f"{key}.{extension} is cut short")
                 members.setdefault(key, {})[extension] = info
-                if extension in ("txt", "json"):
+                if extension in ("txt", "json") and info.size > MAX_MEMBER_BYTES:
+                    refused.add(key)
+                    problems.add(f"{path}: {key}.{extension}: {info.size} bytes, over the {MAX_MEMBER_BYTES} "
+                                 "a text member may have")
+                elif extension in ("txt", "json"):
                     texts.setdefault(key, {})[extension] = tar.extractfile(info).read()  # type: ignore[union-attr]
     except FileNotFoundError:
         problems.add(f"{path}: shard not found")
@@ -145,7 +158,8 @@ def _samples(path: Path, problems: EntryProblems) -> Iterable[tuple[str, dict[st
         reason = "not an uncompressed tar file" if compressed else f"{type(err).__name__}: {err}"
         problems.add(f"{path}: unreadable after {len(members)} samples ({reason})")
     for key, found in members.items():
-        yield key, found, texts.get(key, {})
+        if key not in refused:
+            yield key, found, texts.get(key, {})
 
 
 def _image_and_meta(
@@ -166,7 +180,9 @@ def _image_and_meta(
     return FileSlice(path, info.offset_data, info.size, info.name), meta
 
 
-def _captions(path: Path, key: str, meta: dict[str, Any], texts: dict[str, bytes]) -> tuple[str, ...]:
+def _captions(
+    path: Path, key: str, meta: dict[str, Any], texts: dict[str, bytes], problems: EntryProblems
+) -> tuple[str, ...]:
     if isinstance(meta.get("captions"), list) and meta["captions"]:
         given, where = meta["captions"], f"{key}.json captions"
     elif "txt" in texts:
@@ -182,7 +198,7 @@ def _captions(path: Path, key: str, meta: dict[str, Any], texts: dict[str, bytes
         if problem or not caption:
             raise AnnotationError(f"{path}: {where}: {problem or 'empty caption'}")
         captions.append(caption)
-    return tuple(captions)
+    return tuple(problems.bounded(caption, where, path) for caption in captions)
 
 
 def _image_id(meta: dict[str, Any]) -> int | None:
@@ -190,8 +206,11 @@ def _image_id(meta: dict[str, Any]) -> int | None:
     return image_id if isinstance(image_id, int) and not isinstance(image_id, bool) else None
 
 
-def _questions(path: Path, key: str, meta: dict[str, Any], seen: set[int]) -> list[dict[str, Any]]:
-    """The checked ``questions`` of a VQA sample's ``.json`` (question ids not in ``seen``, added to it)."""
+def _questions(
+    path: Path, key: str, meta: dict[str, Any], seen: set[int], problems: EntryProblems
+) -> list[dict[str, Any]]:
+    """The checked ``questions`` of a VQA sample's ``.json`` (question ids not in ``seen``, added to
+    it), their texts cut to the text limit."""
     where = f"{path}: {key}.json"
     if _image_id(meta) is None:
         raise AnnotationError(f"{where}: image_id: expected an integer, got {meta.get('image_id')!r}")
@@ -220,4 +239,9 @@ def _questions(path: Path, key: str, meta: dict[str, Any], seen: set[int]) -> li
         checked.append({"question_id": question_id, "question": " ".join(question.split()),
                         "answers": tuple(answers), **types})  # fmt: skip
     seen.update(ids)  # only once the whole sample is good: a skipped sample claims no id
+    for i, question in enumerate(checked):
+        at = f"{key}.json questions[{i}]"
+        question["question"] = problems.bounded(question["question"], f"{at}.question", path)
+        question["answers"] = tuple(problems.bounded(answer, f"{at}.answers[{k}]", path)
+                                    for k, answer in enumerate(question["answers"]))
     return checked

@@ -9,6 +9,7 @@ from torch.utils.data import Dataset, default_collate
 
 from mmtx.data.bad_data import FAILURES_KEY, Policy
 from mmtx.data.base import FileSplits, ImageTextDataModule, ImageTextDataset, split_files
+from mmtx.data.images import MAX_IMAGE_PIXELS
 from mmtx.data.packed import PackedList
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.data.vqa.files import VqaRecord, read_vqa
@@ -18,8 +19,9 @@ class VqaDataset(ImageTextDataset):
     """One example per question: the image, the question and its ten annotator answers (an
     image that fails to decode is handled as `ImageTextDataset` says)."""
 
-    def __init__(self, records: list[VqaRecord], transform: Any, on_bad_image: Policy = "error") -> None:
-        super().__init__(transform, on_bad_image)
+    def __init__(self, records: list[VqaRecord], transform: Any, on_bad_image: Policy = "error",
+                 max_pixels: int = MAX_IMAGE_PIXELS) -> None:  # fmt: skip
+        super().__init__(transform, on_bad_image, max_pixels)
         self.records = PackedList(records)  # read by loader workers without copying (see PackedList)
 
     def __len__(self) -> int:
@@ -97,7 +99,7 @@ class VqaDataModule(ImageTextDataModule):
     def make_dataset(self, records: list[VqaRecord], transform: Any, train: bool) -> Dataset:
         if train:
             records = [r for r in records if r.answers]
-        return VqaDataset(records, transform, self.on_bad_image)
+        return VqaDataset(records, transform, self.on_bad_image, self.max_image_pixels)
 
     def make_collator(self) -> VqaCollator:
         return VqaCollator(self.tokenizer, self.max_length)

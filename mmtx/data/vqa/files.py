@@ -10,7 +10,8 @@ Like the caption readers, `read_vqa` checks everything up front and fails with a
 `AnnotationError` that names the file and the entries or ids at fault, or, given a
 ``skipped`` list, leaves the bad entries out and describes them there. Answers are kept as the
 annotators typed them: the official accuracy decides when to normalise them
-(`mmtx.metrics.vqa`).
+(`mmtx.metrics.vqa`). Questions and answers longer than the text limit are cut to it
+(`mmtx.data.annotations.text_limit`).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def read_vqa(
                 raise AnnotationError(f"{questions_file}: {where}.question_id: duplicate question id {question_id}")
             if not text:
                 raise AnnotationError(f"{questions_file}: {where}.question: empty question")
-            parsed[question_id] = (image_id, text)
+            parsed[question_id] = (image_id, problems.bounded(text, f"{where}.question"))
         except AnnotationError as err:
             problems.add(err)
     problems.finish()
@@ -166,9 +167,9 @@ def _read_annotations(
                     f"{file}: {where}.image_id: image id {image_id}, but question {question_id} in "
                     f"{questions_file} is about image {questions[question_id][0]}"
                 )
-            answers = _answers(require(entry, "answers", list, file, where), file, where)
             answer_type = optional(entry, "answer_type", str, file, where)
             question_type = optional(entry, "question_type", str, file, where)
+            answers = _answers(require(entry, "answers", list, file, where), file, where, problems)
             labels[question_id] = (answers, answer_type, question_type)
         except AnnotationError as err:
             problems.add(err)
@@ -183,8 +184,9 @@ def _read_annotations(
     return labels
 
 
-def _answers(entries: list[Any], file: Path, where: str) -> tuple[str, ...]:
-    """The ``answer`` strings of an ``answers`` list (checked in one pass; VQA v2 train has 4M)."""
+def _answers(entries: list[Any], file: Path, where: str, problems: EntryProblems) -> tuple[str, ...]:
+    """The ``answer`` strings of an ``answers`` list (checked in one pass; VQA v2 train has 4M),
+    cut to the text limit."""
     answers = tuple(entry.get("answer") if isinstance(entry, dict) else None for entry in entries)
     if not answers:
         raise AnnotationError(f"{file}: {where}.answers: no answers")
@@ -192,6 +194,8 @@ def _answers(entries: list[Any], file: Path, where: str) -> tuple[str, ...]:
         for k, entry in enumerate(entries):  # find the culprit for the message
             at = f"{where}.answers[{k}]"
             require(as_object(entry, file, at), "answer", str, file, at)
+    if max(map(len, answers)) > problems.limit.max_chars:
+        answers = tuple(problems.bounded(answer, f"{where}.answers[{k}].answer") for k, answer in enumerate(answers))
     return answers
 
 
