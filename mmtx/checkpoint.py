@@ -73,6 +73,8 @@ def check_checkpoint_configs(ckpt: dict[str, Any], path: str | Path) -> None:
             check_stored_config(ckpt[DATA_KEY], f"{path}: {DATA_KEY}", DATA, unknown_ok=True)
     except StoredConfigError as e:
         raise CheckpointError(str(e)) from e
+    except RecursionError:  # lists in lists ... a pickle can nest deeper than any config
+        raise CheckpointError(f"{path}: its configs are nested too deeply to be mmtx's") from None
 
 
 def _unreadable(path: Path, error: Exception) -> str:

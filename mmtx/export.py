@@ -197,8 +197,8 @@ def read_export_config(path: Path) -> dict[str, Any]:
         raise ExportError(f"{path}: not an mmtx export (no {CONFIG})")
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ExportError(f"{config_path}: cannot read ({e})") from e
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ExportError(f"{config_path}: cannot read ({type(e).__name__}: {e})") from e
     if not isinstance(config, dict) or config.get("format") != FORMAT or not isinstance(config.get("model"), dict):
         raise ExportError(f"{config_path}: not an mmtx export config (format {FORMAT!r} with a 'model')")
     if config.get("format_version", 0) > FORMAT_VERSION:

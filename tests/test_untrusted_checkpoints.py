@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -277,3 +278,33 @@ def test_sharded_fsdp_checkpoints_are_refused_at_start_up(tmp_path: Path, monkey
                 check_train_config(cfg)
     finally:
         HydraConfig.instance().cfg = None  # type: ignore[assignment]
+
+
+def test_configs_nested_deeper_than_python_recurses_are_refused_in_one_line(stored: dict[str, Any], tmp_path: Path) -> None:
+    deep: Any = 1
+    for _ in range(5000):
+        deep = [deep]
+    bad = {**stored, "hyper_parameters": {**stored["hyper_parameters"], "lr": deep}}
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)  # the attacker's pickler goes deeper than a reader's stack
+    try:
+        torch.save(bad, tmp_path / "deep.ckpt")
+    finally:
+        sys.setrecursionlimit(limit)
+    with pytest.raises(CheckpointError, match="nested too deeply"):
+        read_checkpoint(tmp_path / "deep.ckpt")
+
+
+def test_eval_draws_no_data_set_where_a_checkpoint_says(stored: dict[str, Any], tmp_path: Path) -> None:
+    """A checkpoint of a drawn data set records the folder it was drawn in: mmtx-eval reads it
+    there, and does not draw scenes into a folder that is not there."""
+    from mmtx.cli.eval import recorded_files_exist
+    from mmtx.config_check import ConfigError
+
+    elsewhere = tmp_path / "home" / "someone"
+    data = {**stored[DATA_KEY], "root": str(elsewhere)}
+    with pytest.raises(ConfigError, match=f"not here \\(root={elsewhere}\\)"):
+        recorded_files_exist(data, "val", "x.ckpt")
+    assert not elsewhere.exists()
+    elsewhere.mkdir(parents=True)
+    recorded_files_exist(data, "val", "x.ckpt")  # drawn here before: read

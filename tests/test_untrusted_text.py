@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from mmtx.data.annotations import MAX_TEXT_CHARS, AnnotationError, text_limit
+from mmtx.data.annotations import MAX_TEXT_CHARS, AnnotationError, TextLimit
 from mmtx.data.bad_data import BadDataError
 from mmtx.data.captions import CocoCaptions, PairsCaptions, read_coco_captions, read_karpathy, read_pairs
 from mmtx.data.captions.files import MAX_LINE_CHARS
@@ -84,8 +84,8 @@ def test_a_huge_caption_in_coco_captions_is_cut_and_reported(tmp_path: Path, cap
         records = read_coco_captions(file, tmp_path)
     assert [r.captions for r in records] == [(long[:MAX_TEXT_CHARS], "a red ball"), (("x " + long)[:MAX_TEXT_CHARS],)]
     assert len(cut_lines(caplog, file)) == 1 and f"{file}: cut 2 text(s)" in cut_lines(caplog, file)[0]
-    with text_limit(50) as limit:  # what a data module sets from data.max_text_chars
-        records = read_coco_captions(file, tmp_path)
+    limit = TextLimit(50)  # what a data module passes from data.max_text_chars
+    records = read_coco_captions(file, tmp_path, limit=limit)
     assert max(len(c) for r in records for c in r.captions) == 50
     assert [(what, length) for what, length in limit.cut] == [
         (f"{file}: annotations[0].caption", len(long)), (f"{file}: annotations[2].caption", len(long) + 2),
@@ -122,6 +122,11 @@ def test_a_huge_question_and_answer_in_vqa_files_are_cut_and_reported(tmp_path: 
     assert records[0].answers == ("red", long[:MAX_TEXT_CHARS])
     assert len(cut_lines(caplog, questions)) == 1 and f"{questions}: cut 1 text(s)" in cut_lines(caplog, questions)[0]
     assert len(cut_lines(caplog, annotations)) == 1 and f"{annotations}: cut 1 text(s)" in cut_lines(caplog, annotations)[0]
+    limit = TextLimit(50)  # the questions' and the annotations' reader both cut to it and list in it
+    [record, _] = read_vqa(questions, annotations, tmp_path / "images", limit=limit)
+    assert record.question == long[:50] and record.answers == ("red", long[:50])
+    assert limit.cut == [(f"{questions}: questions[0].question", len(long) + 1),
+                         (f"{annotations}: annotations[0].answers[1].answer", len(long))]  # fmt: skip
 
 
 # --- what is too large to read at all is a bad annotation -------------------------------------
@@ -210,6 +215,11 @@ def test_long_shard_captions_and_questions_are_cut_and_reported_per_shard(tmp_pa
     ])  # fmt: skip
     [record] = read_vqa_shards(vqa)
     assert record.question == long[:MAX_TEXT_CHARS] and record.answers == ("red", long[:MAX_TEXT_CHARS])
+    limit = TextLimit(50)
+    [record] = read_vqa_shards(vqa, limit=limit)
+    assert record.question == long[:50] and record.answers == ("red", long[:50])
+    assert limit.cut == [(f"{vqa}: v.json questions[0].question", len(long)),
+                         (f"{vqa}: v.json questions[0].answers[1]", len(long))]  # fmt: skip
 
 
 def write_csv_with_a_huge_cell(path: Path) -> Path:

@@ -68,10 +68,13 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
 
 def recorded_files_exist(data: dict, split: str, ckpt: str) -> None:
-    """The files of ``split`` that the checkpoint's data config names must be here."""
+    """The files of ``split`` that the checkpoint's data config names must be here, and so must
+    the folder of a drawn data set (``root``): mmtx draws nothing where a file it was handed says."""
     split_files = data.get(split) if isinstance(data.get(split), dict) else {}
     missing = [f"{key}={value}" for key, value in {**data, **split_files}.items()
                if key in DATA_FILE_KEYS and value and not all(p.exists() for p in _paths(key, value))]
+    if isinstance(data.get("root"), str) and not Path(data["root"]).is_dir():
+        missing.append(f"root={data['root']}")
     if missing:
         raise ConfigError(
             f"{ckpt} was trained on data files that are not here ({', '.join(missing)}); give the data to "

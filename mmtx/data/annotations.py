@@ -8,8 +8,9 @@ inside their image root, and atomic writes.
 
 Annotation files are untrusted (often scraped): a whole file may be large (COCO's and VQA's
 run to hundreds of MB), but each caption, question and answer keeps at most ``max_chars``
-characters (`text_limit`, ``data.max_text_chars``), so that one huge entry costs neither a
-tokenizer pass per batch nor a metric's memory; the cut texts are counted and logged per file.
+characters (the `TextLimit` a reader is given, from ``data.max_text_chars``), so that one huge
+entry costs neither a tokenizer pass per batch nor a metric's memory; the cut texts are counted
+and logged per file, and listed in the `TextLimit`.
 """
 
 from __future__ import annotations
@@ -18,9 +19,6 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
@@ -34,26 +32,11 @@ MAX_TEXT_CHARS = 2000  # data.max_text_chars by default: COCO's longest caption 
 
 @dataclass
 class TextLimit:
-    """The most characters a caption, question or answer keeps, and each text cut to it
-    (``"FILE: ENTRY"``, its length) while the limit is in force (`text_limit`)."""
+    """The most characters a caption, question or answer keeps, and each text a reader given this
+    limit cut to it (``"FILE: ENTRY"``, its length), for a data module's report."""
 
     max_chars: int = MAX_TEXT_CHARS
     cut: list[tuple[str, int]] = field(default_factory=list)
-
-
-_LIMIT: ContextVar[TextLimit | None] = ContextVar("mmtx_text_limit", default=None)
-
-
-@contextmanager
-def text_limit(max_chars: int) -> Iterator[TextLimit]:
-    """Within the block, the readers cut texts to ``max_chars`` (else to `MAX_TEXT_CHARS`) and
-    list each cut in the `TextLimit` given, for a data module's report."""
-    limit = TextLimit(max_chars)
-    token = _LIMIT.set(limit)
-    try:
-        yield limit
-    finally:
-        _LIMIT.reset(token)
 
 
 class AnnotationError(ValueError):
@@ -63,12 +46,13 @@ class AnnotationError(ValueError):
 class EntryProblems:
     """Problems with single entries of one annotation file: raised together at the end, or
     handed to the caller's ``skipped`` list (the entries are then left out). Also counts the
-    texts its reader cut to the text limit (`bounded`), to log them per file at the end."""
+    texts its reader cut to ``limit`` (`bounded`; None: a fresh `TextLimit` of `MAX_TEXT_CHARS`),
+    to log them per file at the end and list them in ``limit.cut``."""
 
-    def __init__(self, file: Path, skipped: list[str] | None) -> None:
+    def __init__(self, file: Path, skipped: list[str] | None, limit: TextLimit | None = None) -> None:
         self.file, self.skipped = file, skipped
         self.found: list[str] = []
-        self.limit = _LIMIT.get() or TextLimit()
+        self.limit = TextLimit() if limit is None else limit
         self.cut: dict[Path, list[int]] = {}  # file -> the lengths of its texts cut
 
     def add(self, problem: AnnotationError | str) -> None:

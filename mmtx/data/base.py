@@ -22,7 +22,7 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from mmtx.data.annotations import MAX_TEXT_CHARS, text_limit
+from mmtx.data.annotations import MAX_TEXT_CHARS, TextLimit
 from mmtx.data.bad_data import (
     DECODE_HINT,
     FAILURES_KEY,
@@ -165,9 +165,10 @@ class ImageTextDataModule(L.LightningDataModule):
         self._resume_at: tuple[int, int] | None = None  # (epoch, batches done) from a checkpoint
 
     # --- what a source provides -------------------------------------------------------------
-    def load_records(self, split: str, skipped: list[str]) -> list[Any]:
+    def load_records(self, split: str, skipped: list[str], limit: TextLimit) -> list[Any]:
         """The split's records (each with a ``path``); bad annotation entries are left out and
-        described in ``skipped``."""
+        described in ``skipped``; texts longer than ``limit.max_chars`` are cut and listed in
+        ``limit.cut`` (pass both to the reader)."""
         raise NotImplementedError
 
     def make_dataset(self, records: list[Any], transform: Any, train: bool) -> Dataset:
@@ -197,8 +198,8 @@ class ImageTextDataModule(L.LightningDataModule):
             raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
         if split not in self._records:
             skipped: list[str] = []
-            with text_limit(self.max_text_chars) as limit:
-                records = self.load_records(split, skipped)
+            limit = TextLimit(self.max_text_chars)
+            records = self.load_records(split, skipped, limit)
             for what, length in limit.cut:  # each file's count is logged by its reader
                 self.report.add(split, "truncated", what, f"{length} characters > data.max_text_chars={limit.max_chars}")
             self._records[split] = screen(split, records, skipped, self.on_bad_image, self.on_bad_annotation,

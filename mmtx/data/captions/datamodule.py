@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
+from mmtx.data.annotations import TextLimit
 from mmtx.data.bad_data import FAILURES_KEY, Policy
 from mmtx.data.base import FileSplits, ImageTextDataModule, ImageTextDataset, split_files
 from mmtx.data.images import MAX_IMAGE_PIXELS
@@ -105,9 +106,9 @@ class CocoCaptions(FileSplits, CaptionDataModule):
 
     index_file = "annotations"
 
-    def load_records(self, split: str, skipped: list[str]) -> list[CaptionRecord]:
+    def load_records(self, split: str, skipped: list[str], limit: TextLimit) -> list[CaptionRecord]:
         files = split_files(self.splits, split, ("annotations", "images"))
-        return read_coco_captions(files["annotations"], files["images"], skipped=skipped)
+        return read_coco_captions(files["annotations"], files["images"], skipped=skipped, limit=limit)
 
 
 class PairsCaptions(FileSplits, CaptionDataModule):
@@ -115,9 +116,9 @@ class PairsCaptions(FileSplits, CaptionDataModule):
 
     index_file = "file"
 
-    def load_records(self, split: str, skipped: list[str]) -> list[CaptionRecord]:
+    def load_records(self, split: str, skipped: list[str], limit: TextLimit) -> list[CaptionRecord]:
         files = split_files(self.splits, split, ("file", "images"))
-        return read_pairs(files["file"], files["images"], skipped=skipped)
+        return read_pairs(files["file"], files["images"], skipped=skipped, limit=limit)
 
 
 class KarpathyCaptions(CaptionDataModule):
@@ -127,5 +128,5 @@ class KarpathyCaptions(CaptionDataModule):
         super().__init__(**kwargs)
         self.annotations, self.images = annotations, images
 
-    def load_records(self, split: str, skipped: list[str]) -> list[CaptionRecord]:
-        return read_karpathy(self.annotations, self.images, split, skipped=skipped)
+    def load_records(self, split: str, skipped: list[str], limit: TextLimit) -> list[CaptionRecord]:
+        return read_karpathy(self.annotations, self.images, split, skipped=skipped, limit=limit)

@@ -8,8 +8,9 @@ A problem with the whole file (not found, not JSON, no ``images`` array) is rais
 problems with single entries (missing keys, wrong types, duplicate ids, empty or non-UTF-8
 text, unknown image ids) are collected and raised together, or, when the caller passes a
 ``skipped`` list, the entries are left out and one line per problem is appended to it.
-A caption longer than the text limit is cut to it (`mmtx.data.annotations.text_limit`), and
-a JSONL line longer than `MAX_LINE_CHARS` or a CSV row the csv module refuses is a bad row.
+A caption longer than the readers' ``limit`` (a `mmtx.data.annotations.TextLimit`; none given:
+`MAX_TEXT_CHARS`) is cut to it and listed in ``limit.cut``, and a JSONL line longer than
+`MAX_LINE_CHARS` or a CSV row the csv module refuses is a bad row.
 Image files are not opened or checked for existence here.
 """
 
@@ -27,6 +28,7 @@ from typing import Any
 from mmtx.data.annotations import (
     AnnotationError,
     EntryProblems,
+    TextLimit,
     as_object,
     atomic_write_json,
     invalid_text,
@@ -53,7 +55,8 @@ class CaptionRecord:
 
 
 def read_coco_captions(
-    annotations: str | os.PathLike, images: str | os.PathLike, skipped: list[str] | None = None
+    annotations: str | os.PathLike, images: str | os.PathLike, skipped: list[str] | None = None,
+    limit: TextLimit | None = None,
 ) -> list[CaptionRecord]:
     """Read an official COCO captions file (``captions_<split>.json``).
 
@@ -68,7 +71,7 @@ def read_coco_captions(
     data = load_json_object(file)
     image_entries = require(data, "images", list, file, "")
     ann_entries = require(data, "annotations", list, file, "")
-    problems = EntryProblems(file, skipped)
+    problems = EntryProblems(file, skipped, limit)
 
     paths: dict[int, Path] = {}
     dropped: set[int] = set()  # ids of image entries left out: their captions go too, unreported
@@ -107,7 +110,8 @@ def read_coco_captions(
 
 
 def read_pairs(
-    file: str | os.PathLike, images: str | os.PathLike, skipped: list[str] | None = None
+    file: str | os.PathLike, images: str | os.PathLike, skipped: list[str] | None = None,
+    limit: TextLimit | None = None,
 ) -> list[CaptionRecord]:
     """Read a file of (image, caption) rows: JSONL (one object per line), CSV (a header row) or
     Parquet (``image`` and ``caption`` columns; needs pyarrow, the extra ``mmtx[parquet]``).
@@ -119,7 +123,7 @@ def read_pairs(
     file, root = Path(file), Path(images)
     if file.suffix.lower() not in (".jsonl", ".csv", ".parquet"):
         raise AnnotationError(f"{file}: a pairs file is .jsonl, .csv or .parquet, not {file.suffix or 'without a suffix'}")
-    problems = EntryProblems(file, skipped)
+    problems = EntryProblems(file, skipped, limit)
     captions: dict[Path, list[str]] = {}
     for where, row in _rows(file):
         try:
@@ -203,7 +207,8 @@ def _parquet_rows(file: Path) -> Iterator[tuple[str, Any]]:
 
 
 def read_karpathy(
-    annotations: str | os.PathLike, images: str | os.PathLike, split: str, skipped: list[str] | None = None
+    annotations: str | os.PathLike, images: str | os.PathLike, split: str, skipped: list[str] | None = None,
+    limit: TextLimit | None = None,
 ) -> list[CaptionRecord]:
     """Read one split of a Karpathy ``dataset_{coco,flickr8k,flickr30k}.json`` file.
 
@@ -216,7 +221,7 @@ def read_karpathy(
     file, root = Path(annotations), Path(images)
     data = load_json_object(file)
     entries = require(data, "images", list, file, "")
-    problems = EntryProblems(file, skipped)
+    problems = EntryProblems(file, skipped, limit)
 
     splits: list[str | None] = []
     for i, entry in enumerate(entries):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from mmtx.data.annotations import TextLimit
 from mmtx.data.base import FileSplits, split_files
 from mmtx.data.captions.datamodule import CaptionDataModule
 from mmtx.data.captions.files import CaptionRecord
@@ -18,8 +19,8 @@ class ShardCaptions(FileSplits, CaptionDataModule):
     index_file = "shards"
     preflight_scan = False
 
-    def load_records(self, split: str, skipped: list[str]) -> list[CaptionRecord]:
-        return read_shards(split_files(self.splits, split, ("shards",))["shards"], skipped=skipped)
+    def load_records(self, split: str, skipped: list[str], limit: TextLimit) -> list[CaptionRecord]:
+        return read_shards(split_files(self.splits, split, ("shards",))["shards"], skipped=skipped, limit=limit)
 
 
 class ShardVqa(FileSplits, VqaDataModule):
@@ -29,5 +30,5 @@ class ShardVqa(FileSplits, VqaDataModule):
     index_file = "shards"
     preflight_scan = False
 
-    def load_records(self, split: str, skipped: list[str]) -> list[VqaRecord]:
-        return read_vqa_shards(split_files(self.splits, split, ("shards",))["shards"], skipped=skipped)
+    def load_records(self, split: str, skipped: list[str], limit: TextLimit) -> list[VqaRecord]:
+        return read_vqa_shards(split_files(self.splits, split, ("shards",))["shards"], skipped=skipped, limit=limit)

@@ -13,7 +13,8 @@ uncompressed tar files on a local or mounted file system (img2dataset writes the
 
 Shards are untrusted: a ``.txt`` or ``.json`` member whose header gives more than
 `MAX_MEMBER_BYTES` is not read (its sample is a bad one), and captions, questions and answers
-longer than the text limit are cut to it (`mmtx.data.annotations.text_limit`).
+longer than the readers' ``limit`` (a `mmtx.data.annotations.TextLimit`; none given:
+`MAX_TEXT_CHARS`) are cut to it and listed in ``limit.cut``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from braceexpand import braceexpand
 from tqdm import tqdm
 from webdataset.tariterators import base_plus_ext
 
-from mmtx.data.annotations import AnnotationError, EntryProblems, invalid_text
+from mmtx.data.annotations import AnnotationError, EntryProblems, TextLimit, invalid_text
 from mmtx.data.captions.files import CaptionRecord
 from mmtx.data.images import FileSlice
 from mmtx.data.vqa.files import VqaRecord
@@ -70,7 +71,9 @@ def _listed(file: Path, split: str | None) -> list[Path]:
     return [file.parent / name for entry in chosen for name in entry.get("shards", [])]
 
 
-def read_shards(shards: Shards, skipped: list[str] | None = None) -> list[CaptionRecord]:
+def read_shards(
+    shards: Shards, skipped: list[str] | None = None, limit: TextLimit | None = None
+) -> list[CaptionRecord]:
     """One `CaptionRecord` per sample of ``shards`` (see `shard_paths`), its image a `FileSlice`.
 
     A sample's captions are its ``.json``'s ``captions`` (a list: all of the image's references),
@@ -81,21 +84,23 @@ def read_shards(shards: Shards, skipped: list[str] | None = None) -> list[Captio
     raised together, or left out and described in ``skipped`` (the samples of a shard before
     the point where it is cut short are kept); so is a text member over `MAX_MEMBER_BYTES`.
     """
-    samples = _read(shards, skipped, _captions)
+    samples = _read(shards, skipped, limit, _captions)
     ids = [_image_id(meta) for _, meta, _ in samples]
     if None in ids or len(set(ids)) < len(ids):
         ids = list(range(len(samples)))
     return [CaptionRecord(i, image, captions) for i, (image, _, captions) in zip(ids, samples)]
 
 
-def read_vqa_shards(shards: Shards, skipped: list[str] | None = None) -> list[VqaRecord]:
+def read_vqa_shards(
+    shards: Shards, skipped: list[str] | None = None, limit: TextLimit | None = None
+) -> list[VqaRecord]:
     """One `VqaRecord` per question of ``shards``: each sample's ``.json`` holds its ``image_id``
     and ``questions``, a list of VQA v2 entries (``question_id``, ``question``, ``answers``: the
     annotators' answers, optional ``answer_type`` / ``question_type``), as mmtx-shards writes
     them from VQA v2 files. Bad samples and shards are problems as in `read_shards`; so is a
     question id met twice."""
     seen: set[int] = set()
-    samples = _read(shards, skipped,
+    samples = _read(shards, skipped, limit,
                     lambda path, key, meta, texts, problems: _questions(path, key, meta, seen, problems))
     return [VqaRecord(q["question_id"], meta["image_id"], image, q["question"], q["answers"],
                       q.get("answer_type"), q.get("question_type"))
@@ -106,16 +111,18 @@ T = TypeVar("T")
 
 
 def _read(
-    shards: Shards, skipped: list[str] | None,
+    shards: Shards, skipped: list[str] | None, limit: TextLimit | None,
     parse: Callable[[Path, str, dict[str, Any], dict[str, bytes], EntryProblems], T],
 ) -> list[tuple[FileSlice, dict[str, Any], T]]:
     """(image, ``.json`` object, ``parse(shard, key, .json object, texts, problems)``) for every good
-    sample of ``shards``; what `_image_and_meta` or ``parse`` raise is collected as in `read_shards`."""
+    sample of ``shards``, texts cut to ``limit``; what `_image_and_meta` or ``parse`` raise is
+    collected as in `read_shards`."""
     paths = shard_paths(shards)
     if not paths:
         raise AnnotationError(f"{shards}: names no shard file")
     samples: list[tuple[FileSlice, dict[str, Any], T]] = []
-    problems = EntryProblems(Path(str(shards)) if isinstance(shards, (str, os.PathLike)) else paths[0].parent, skipped)
+    named = Path(str(shards)) if isinstance(shards, (str, os.PathLike)) else paths[0].parent
+    problems = EntryProblems(named, skipped, limit)
     for path in tqdm(paths, desc="indexing shards", unit="shard", file=sys.stderr, disable=None, leave=False):
         for key, members, texts in _samples(path, problems):
             try:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mmtx.data.annotations import TextLimit
 from mmtx.data.captions.datamodule import CaptionDataModule
 from mmtx.data.captions.files import read_coco_captions
 from mmtx.data.synthetic.shapes import Scene, caption_correctness, generate_shapes, shapes_val_scenes
@@ -52,10 +53,10 @@ class GeneratedSplits:
     def has_split(self, split: str) -> bool:
         return split in ("train", "val")
 
-    def load_records(self, split: str, skipped: list[str]) -> list[Any]:
+    def load_records(self, split: str, skipped: list[str], limit: TextLimit) -> list[Any]:
         if split == "test":
             raise ValueError(f"the {type(self).__name__} data set has train and val splits only")
-        return self.read(*self.files()[split], skipped=skipped)
+        return self.read(*self.files()[split], skipped=skipped, limit=limit)
 
 
 class ShapesCaptions(GeneratedSplits, CaptionDataModule):

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, default_collate
 
+from mmtx.data.annotations import TextLimit
 from mmtx.data.bad_data import FAILURES_KEY, Policy
 from mmtx.data.base import FileSplits, ImageTextDataModule, ImageTextDataset, split_files
 from mmtx.data.images import MAX_IMAGE_PIXELS
@@ -123,7 +124,7 @@ class VqaV2(FileSplits, VqaDataModule):
 
     index_file = "questions"
 
-    def load_records(self, split: str, skipped: list[str]) -> list[VqaRecord]:
+    def load_records(self, split: str, skipped: list[str], limit: TextLimit) -> list[VqaRecord]:
         needed = ("questions", "images") if split == "test" else ("questions", "annotations", "images")
         files = split_files(self.splits, split, needed)
-        return read_vqa(files["questions"], files.get("annotations"), files["images"], skipped=skipped)
+        return read_vqa(files["questions"], files.get("annotations"), files["images"], skipped=skipped, limit=limit)

@@ -10,8 +10,9 @@ Like the caption readers, `read_vqa` checks everything up front and fails with a
 `AnnotationError` that names the file and the entries or ids at fault, or, given a
 ``skipped`` list, leaves the bad entries out and describes them there. Answers are kept as the
 annotators typed them: the official accuracy decides when to normalise them
-(`mmtx.metrics.vqa`). Questions and answers longer than the text limit are cut to it
-(`mmtx.data.annotations.text_limit`).
+(`mmtx.metrics.vqa`). Questions and answers longer than the reader's ``limit`` (a
+`mmtx.data.annotations.TextLimit`; none given: `MAX_TEXT_CHARS`) are cut to it and listed in
+``limit.cut``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 from mmtx.data.annotations import (
     AnnotationError,
     EntryProblems,
+    TextLimit,
     as_object,
     atomic_write_json,
     invalid_text,
@@ -54,7 +56,7 @@ class VqaRecord:
 
 def read_vqa(
     questions: str | os.PathLike, annotations: str | os.PathLike | None, images: str | os.PathLike,
-    skipped: list[str] | None = None,
+    skipped: list[str] | None = None, limit: TextLimit | None = None,
 ) -> list[VqaRecord]:
     """Read an official VQA questions file, its annotations file if given, and locate the images.
 
@@ -72,7 +74,7 @@ def read_vqa(
     data = load_json_object(questions_file)
     entries = require(data, "questions", list, questions_file, "")
     subtype = optional(data, "data_subtype", str, questions_file, "")
-    problems = EntryProblems(questions_file, skipped)
+    problems = EntryProblems(questions_file, skipped, limit)
 
     parsed: dict[int, tuple[int, str]] = {}  # question id -> (image id, question)
     for i, entry in enumerate(entries):
@@ -92,7 +94,7 @@ def read_vqa(
     problems.finish()
 
     if annotations is not None:
-        labels = _read_annotations(Path(annotations), parsed, questions_file, skipped)
+        labels = _read_annotations(Path(annotations), parsed, questions_file, skipped, limit)
         parsed = {question_id: parsed[question_id] for question_id in labels}
     else:
         labels = {}
@@ -142,13 +144,15 @@ def write_vqa(
 
 
 def _read_annotations(
-    file: Path, questions: dict[int, tuple[int, str]], questions_file: Path, skipped: list[str] | None
+    file: Path, questions: dict[int, tuple[int, str]], questions_file: Path, skipped: list[str] | None,
+    limit: TextLimit | None,
 ) -> dict[int, tuple[tuple[str, ...], str | None, str | None]]:
     """{question id: (answers, answer type, question type)} for the questions of `questions`
-    that have a good annotation (all of them, or an AnnotationError, unless skipping)."""
+    that have a good annotation (all of them, or an AnnotationError, unless skipping); answers
+    longer than ``limit`` are cut as in `read_vqa`."""
     data = load_json_object(file)
     entries = require(data, "annotations", list, file, "")
-    problems = EntryProblems(file, skipped)
+    problems = EntryProblems(file, skipped, limit)
     labels: dict[int, tuple[tuple[str, ...], str | None, str | None]] = {}
     seen: set[int] = set()
     for i, entry in enumerate(entries):
