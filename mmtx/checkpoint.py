@@ -15,7 +15,17 @@ from torch import Tensor, nn
 
 from mmtx.data.bad_data import listing
 from mmtx.export import task_from_export
-from mmtx.stored_config import DATA, MODEL, PLAIN, TASK, StoredConfigError, check_stored_arguments, check_stored_config, stored_class
+from mmtx.stored_config import (
+    DATA,
+    MODEL,
+    PLAIN,
+    TASK,
+    StoredConfigError,
+    check_stored_arguments,
+    check_stored_config,
+    check_tokenizer_json,
+    stored_class,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +81,30 @@ def check_checkpoint_configs(ckpt: dict[str, Any], path: str | Path) -> None:
                 check_stored_config(value, f"{path}: hyper_parameters.{key}", MODEL if key == "model" else PLAIN)
         if DATA_KEY in ckpt:  # a data module that has moved since: mmtx-eval asks for data= instead
             check_stored_config(ckpt[DATA_KEY], f"{path}: {DATA_KEY}", DATA, unknown_ok=True)
+        if isinstance(hparams, dict) and isinstance(hparams.get("tokenizer"), str):
+            check_tokenizer_json(hparams["tokenizer"], f"{path}: hyper_parameters.tokenizer")
+        _check_callback_paths(ckpt.get("callbacks"), path)
     except StoredConfigError as e:
         raise CheckpointError(str(e)) from e
     except RecursionError:  # lists in lists ... a pickle can nest deeper than any config
         raise CheckpointError(f"{path}: its configs are nested too deeply to be mmtx's") from None
+
+
+def _check_callback_paths(callbacks: Any, path: str | Path) -> None:
+    """Lightning's ModelCheckpoint restores the file names its state records when a run resumes,
+    and deletes the previous one as it saves the next: each must be a local ``.ckpt`` name that
+    climbs out of no folder (``..``), never a remote URL (``hf://``, ``s3://``) or another file."""
+    for name, state in (callbacks or {}).items() if isinstance(callbacks, dict) else ():
+        if not isinstance(state, dict):
+            continue
+        named = [*(state.get("best_k_models") or {})] if isinstance(state.get("best_k_models"), dict) else []
+        named += [state[key] for key in state if isinstance(key, str) and key.endswith("_path")]
+        for value in named:
+            if value and not (isinstance(value, str) and "://" not in value and ".." not in Path(value).parts
+                              and value.endswith(".ckpt")):
+                raise StoredConfigError(
+                    f"{path}: callbacks[{str(name)[:40]!r}] names {str(value)[:80]!r}, not a checkpoint file of its run"
+                )
 
 
 def _unreadable(path: Path, error: Exception) -> str:
@@ -124,7 +154,7 @@ def load_task(path: str | Path, map_location: str | torch.device = "cpu") -> L.L
 
 def rebuild_task(ckpt: dict[str, Any], path: str | Path) -> L.LightningModule:
     """The task that wrote the already-read checkpoint ``ckpt``, built from its settings, its
-    weights as initialised (built under ``torch.device("meta")``: none, no memory, no time)."""
+    weights as initialised (none under ``torch.device("meta")``: no memory, no time)."""
     cls = task_class(ckpt, path)
     try:
         return cls(**_entry(ckpt, "hyper_parameters", path), data_config=ckpt.get(DATA_KEY))

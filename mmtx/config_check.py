@@ -275,7 +275,7 @@ def trainer_problems(trainer: Any, key: str = "trainer") -> list[str]:
             hint = f" (did you mean {key}.{close[0]}?)" if close else ""
             problems.append(f"{key}.{name} is not an argument of lightning's Trainer{hint}")
     strategy = trainer.get("strategy")
-    if isinstance(strategy, DictConfig) and strategy.get("_target_") == "mmtx.strategies.fsdp":
+    if isinstance(strategy, DictConfig) and str(strategy.get("_target_")).startswith("mmtx.strategies."):
         try:  # its own checks, before any data is read (building it starts no process group)
             instantiate(strategy)
         except InstantiationException as e:

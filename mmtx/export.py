@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -30,7 +30,15 @@ from mmtx.data.tokenizer import Tokenizer
 from mmtx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from mmtx.pretrained.convert import tied_names
 from mmtx.pretrained.files import PretrainedError, read_weights
-from mmtx.stored_config import EXPORTED_MODEL, PLAIN, TASK, StoredConfigError, check_stored_config, stored_class
+from mmtx.stored_config import (
+    EXPORTED_MODEL,
+    PLAIN,
+    TASK,
+    StoredConfigError,
+    check_stored_config,
+    check_tokenizer_json,
+    stored_class,
+)
 
 __all__ = ["ExportError", "Exported", "export", "export_task", "load_exported", "model_config", "task_from_export"]
 
@@ -159,9 +167,9 @@ def load_exported(path: str | Path, device: str | torch.device = "cpu") -> Expor
     """Rebuild an exported model (eval mode, on ``device``) with its tokenizer; see the module doc."""
     path = Path(path)
     config = read_export_config(path)
-    model = instantiate(config["model"], _convert_="all")
-    load_weights(model, _weights(path), str(path / WEIGHTS))
-    tokenizer = Tokenizer.from_file(path / TOKENIZER)
+    tokenizer, tensors = _tokenizer(path), _weights(path)
+    model = _built_to_fit(lambda: instantiate(config["model"], _convert_="all"), tensors, str(path / WEIGHTS))
+    load_weights(model, tensors, str(path / WEIGHTS))
     return Exported(model.to(device).eval(), tokenizer, config)
 
 
@@ -180,14 +188,48 @@ def task_from_export(path: str | Path) -> Any:
         cls = stored_class(name, TASK, f"{path / CONFIG}: task")
     except StoredConfigError as e:  # not a task class, or renamed or removed since the export was written
         raise ExportError(str(e)) from e
-    tokenizer = Tokenizer.from_file(path / TOKENIZER)
+    tokenizer = _tokenizer(path)
     arguments = {key: config[key] for key in ("answers", "generation") if key in config}
     if "generation" in arguments:  # exports before MACHINE_SETTINGS recorded the then-default layout
         arguments["generation"] = _model_settings(arguments["generation"])
     data_config = {"image_size": config["image_size"]} if "image_size" in config else None
-    task = cls(model=config["model"], tokenizer=tokenizer.to_str(), data_config=data_config, **arguments)
-    load_weights(task.model, _weights(path), str(path / WEIGHTS))
+    tensors = _weights(path)
+
+    def build() -> Any:
+        return cls(model=config["model"], tokenizer=tokenizer.to_str(), data_config=data_config, **arguments)
+
+    task = _built_to_fit(build, tensors, str(path / WEIGHTS), lambda task: task.model)
+    load_weights(task.model, tensors, str(path / WEIGHTS))
     return task.eval()
+
+
+def _built_to_fit(
+    build: Callable[[], Any], tensors: Mapping[str, Tensor], source: str, model: Callable[[Any], nn.Module] = lambda m: m
+) -> Any:
+    """``build()``, once the same build on the meta device (no memory, no time) has shown that
+    the config makes a model the stored ``tensors`` fit: a config.json that asks for a huge model
+    beside small weights is refused before any memory is taken."""
+    with torch.device("meta"):
+        try:
+            shell = model(build())
+        except Exception as e:  # Hydra wraps the constructor's refusal: name the innermost
+            while e.__cause__ is not None:
+                e = e.__cause__  # type: ignore[assignment]
+            raise ExportError(f"{source}: its {CONFIG} does not build a model ({type(e).__name__}: {e})") from e
+        check_weights(shell, tensors, source)
+    return build()
+
+
+def _tokenizer(path: Path) -> Tokenizer:
+    """The export's tokenizer, its ``tokenizer.json`` checked as data first (`check_tokenizer_json`)."""
+    file = path / TOKENIZER
+    try:
+        check_tokenizer_json(file.read_text(encoding="utf-8"), str(file))
+    except OSError as e:
+        raise ExportError(f"{file}: cannot read ({e})") from e
+    except StoredConfigError as e:
+        raise ExportError(str(e)) from e
+    return Tokenizer.from_file(file)
 
 
 def read_export_config(path: Path) -> dict[str, Any]:
@@ -220,7 +262,14 @@ def _weights(path: Path) -> dict[str, Tensor]:
 
 def load_weights(model: nn.Module, tensors: Mapping[str, Tensor], source: str) -> None:
     """Load ``tensors`` (tied weights under their first name only) into ``model``, exactly:
-    every tensor present, none unknown, every shape right."""
+    every tensor present, none unknown, every shape right (`check_weights`)."""
+    aliases = check_weights(model, tensors, source)
+    model.load_state_dict({**tensors, **{alias: tensors[name] for alias, name in aliases.items()}})
+
+
+def check_weights(model: nn.Module, tensors: Mapping[str, Tensor], source: str) -> dict[str, str]:
+    """Refuse ``tensors`` unless they are exactly ``model``'s (names and shapes; tied weights
+    under their first name only); returns the tied names (alias -> first name)."""
     aliases = tied_names(model)
     own = {name: t for name, t in model.state_dict().items() if name not in aliases}
     missing, unknown = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
@@ -233,4 +282,4 @@ def load_weights(model: nn.Module, tensors: Mapping[str, Tensor], source: str) -
             raise ExportError(
                 f"{source}: '{name}' has shape {tuple(tensor.shape)}, the model needs {tuple(own[name].shape)}"
             )
-    model.load_state_dict({**tensors, **{alias: tensors[name] for alias, name in aliases.items()}})
+    return aliases

@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
-__all__ = ["DATA", "EXPORTED_MODEL", "MODEL", "PLAIN", "TASK", "Allowed", "StoredConfigError", "UnknownStoredClass", "check_stored_config", "stored_class"]
+__all__ = [
+    "DATA", "EXPORTED_MODEL", "MODEL", "PLAIN", "TASK", "Allowed", "StoredConfigError", "UnknownStoredClass",
+    "check_stored_arguments", "check_stored_config", "check_tokenizer_json", "stored_class",
+]  # fmt: skip
 
 
 class StoredConfigError(ValueError):
@@ -70,7 +74,7 @@ MODEL = Allowed(
 DATA = Allowed("a data module of mmtx.data", ("mmtx.data",), _lightning_data_module)
 TASK = Allowed("a task of mmtx.tasks", ("mmtx.tasks",), _task)
 EXPORTED_MODEL = Allowed("a class of mmtx.models", ("mmtx.models",))
-PLAIN = Allowed("anything: plain values only", ())
+PLAIN = Allowed("allowed here (plain values only)", ())
 
 _PLAIN = (type(None), bool, int, float, str)
 
@@ -103,7 +107,7 @@ def stored_class(name: Any, allowed: Allowed, where: str) -> Any:
     return obj
 
 
-def _unknown_or_refused(name: str, where: str, refused: StoredConfigError) -> None:
+def _unknown_or_refused(name: str, where: str, refused: StoredConfigError) -> NoReturn:
     """``name`` (not ``module.attribute`` of an allowed package) is unknown where Hydra's
     ``instantiate`` could not reach it either (renamed or removed since the file was written);
     else it reaches something by walking attributes, and is refused."""
@@ -135,14 +139,13 @@ def check_stored_config(config: Any, where: str, allowed: Allowed, unknown_ok: b
     arguments are still checked as plain data), for configs that can be replaced on the command
     line (a checkpoint's data module, say, that has moved since)."""
     if isinstance(config, Mapping):
-        target = config.get("_target_")
+        target, keys = config.get("_target_"), None
         if "_target_" in config:
             try:
                 keys = constructor_keys(stored_class(target, allowed, f"{where}._target_"))
             except UnknownStoredClass:
                 if not unknown_ok:
                     raise
-                keys = None
         for key, value in config.items():
             at = f"{where}.{key}"
             if not isinstance(key, str):
@@ -153,7 +156,7 @@ def check_stored_config(config: Any, where: str, allowed: Allowed, unknown_ok: b
                 if key == "_partial_" and not isinstance(value, bool):
                     raise StoredConfigError(f"{at}: must be true or false, not {value!r}")
                 continue
-            if "_target_" in config and keys is not None and key not in keys:
+            if keys is not None and key not in keys:
                 raise StoredConfigError(f"{at}: {target} takes no argument {key!r}")
             check_stored_config(value, at, allowed, unknown_ok)
     elif isinstance(config, (list, tuple)):
@@ -175,9 +178,9 @@ def check_stored_arguments(arguments: Mapping[str, Any], cls: type, where: str) 
 
 
 def constructor_keys(target: Any) -> set[str] | None:
-    """The named parameters of a constructor, following ``**kwargs`` into the ``__init__``s of its
-    mmtx bases (data modules and text encoders pass theirs on); None where a constructor takes
-    ``**kwargs`` that lead nowhere mmtx defines (any key then reaches code that is not mmtx's)."""
+    """The named parameters of a constructor, following ``**kwargs`` into the ``__init__``s of a
+    class's mmtx bases (data modules and text encoders pass theirs on; keys beyond them would
+    reach code that is not mmtx's, so none are admitted); None for a function with ``**kwargs``."""
     if not inspect.isclass(target):
         functions = [target]
     else:
@@ -189,3 +192,22 @@ def constructor_keys(target: Any) -> set[str] | None:
         if not any(p.kind == p.VAR_KEYWORD for p in parameters):
             return names
     return names if inspect.isclass(target) else None
+
+
+def check_tokenizer_json(text: str, where: str) -> None:
+    """Refuse a stored tokenizer (``tokenizers`` JSON) that holds a regular expression: its
+    Oniguruma engine backtracks, so a pattern such as ``(a+)+$`` can take exponential time on
+    each text. The tokenizers mmtx writes and imports (WordPiece, byte-level BPE) have none."""
+    try:
+        document = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise StoredConfigError(f"{where}: not a tokenizer's JSON ({type(e).__name__})") from None
+    stack = [document]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if "Regex" in node:
+                raise StoredConfigError(f"{where}: holds a regular expression ({str(node['Regex'])[:40]!r}), which mmtx never writes")
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)

@@ -308,3 +308,70 @@ def test_eval_draws_no_data_set_where_a_checkpoint_says(stored: dict[str, Any], 
     assert not elsewhere.exists()
     elsewhere.mkdir(parents=True)
     recorded_files_exist(data, "val", "x.ckpt")  # drawn here before: read
+
+
+@pytest.mark.parametrize("value", ["hf://datasets/someone/corpus", "s3://bucket/data", "/run/checkpoints/../../../home/x",
+                                   "/home/someone/thesis.pdf", 7])  # fmt: skip
+def test_checkpoint_callbacks_may_name_only_their_own_checkpoint_files(stored: dict[str, Any], tmp_path: Path, value: Any) -> None:
+    """Lightning restores a ModelCheckpoint's recorded file names on resume and deletes the
+    previous best as it saves the next (on any fsspec file system): only local .ckpt names pass."""
+    state = {"monitor": None, "dirpath": "/run/checkpoints", "best_model_path": "", "last_model_path": "",
+             "kth_best_model_path": "", "best_k_models": {}}  # fmt: skip
+    for field in ("best_model_path", "best_k_models"):
+        poisoned = {**state, field: {value: 1.0} if field == "best_k_models" else value}
+        torch.save({**stored, "callbacks": {"ModelCheckpoint{'monitor': None}": poisoned}}, tmp_path / "cb.ckpt")
+        with pytest.raises(CheckpointError, match=r"callbacks\[.*not a checkpoint file of its run"):
+            read_checkpoint(tmp_path / "cb.ckpt")
+    ours = {**state, "best_model_path": "/run/checkpoints/last.ckpt", "best_k_models": {"/run/checkpoints/best-1.ckpt": 0.5}}
+    torch.save({**stored, "callbacks": {"ModelCheckpoint{'monitor': None}": ours}}, tmp_path / "ours.ckpt")
+    read_checkpoint(tmp_path / "ours.ckpt")
+
+
+def test_a_tokenizer_with_a_regular_expression_is_refused(stored: dict[str, Any], tmp_path: Path) -> None:
+    """Oniguruma backtracks: a stored pattern such as (a+)+$ could take exponential time per text."""
+    document = json.loads(stored["hyper_parameters"]["tokenizer"])
+    document["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "(a+)+$"}, "behavior": "Isolated", "invert": False}
+    bad = {**stored, "hyper_parameters": {**stored["hyper_parameters"], "tokenizer": json.dumps(document)}}
+    torch.save(bad, tmp_path / "regex.ckpt")
+    with pytest.raises(CheckpointError, match=r"hyper_parameters.tokenizer: holds a regular expression \('\(a\+\)\+\$'\)"):
+        read_checkpoint(tmp_path / "regex.ckpt")
+
+
+def test_an_export_asking_for_a_huge_model_is_refused_before_allocating(tmp_path: Path) -> None:
+    from mmtx.data.tokenizer import Tokenizer
+    from mmtx.tasks.caption import CaptionTask
+
+    tokenizer = Tokenizer.train(["a red square"], vocab_size=40).to_str()
+    out = export_task(CaptionTask(model=tiny_model_config(), tokenizer=tokenizer), tmp_path / "export")
+    config = json.loads((out / "config.json").read_text())
+    config["model"]["encoder"]["depth"] = 64
+    config["model"]["encoder"]["dim"] = 2**16  # 64 blocks of 2**16 x 2**16 products: terabytes
+    config["model"]["encoder"]["num_heads"] = 2**10
+    config["model"]["decoder"]["context_dim"] = 2**16
+    (out / "config.json").write_text(json.dumps(config))
+    for load in (load_exported, load_task):
+        with pytest.raises(ExportError, match="does not match|has shape"):
+            load(out)
+    tokenizer_file = out / "tokenizer.json"
+    document = json.loads(tokenizer_file.read_text())
+    document["normalizer"] = {"type": "Replace", "pattern": {"Regex": "(a+)+$"}, "content": ""}
+    tokenizer_file.write_text(json.dumps(document))
+    with pytest.raises(ExportError, match="holds a regular expression"):
+        load_exported(out)
+
+
+def test_a_drawn_data_set_is_read_but_never_drawn_where_a_checkpoint_says(tmp_path: Path) -> None:
+    """mmtx-eval builds a checkpoint's recorded shapes data module with draw=false: it reads the
+    set drawn at training time and draws nothing into the folder the file names."""
+    from mmtx.data.synthetic import ShapesCaptions
+
+    def module(root: Path, draw: bool, num_train: int = 8) -> ShapesCaptions:
+        return ShapesCaptions(root=str(root), num_train=num_train, num_val=4, image_size=32, num_workers=0, draw=draw)
+
+    with pytest.raises(FileNotFoundError, match="draws none where a checkpoint says"):
+        module(tmp_path / "elsewhere", draw=False).prepare_data()
+    assert not (tmp_path / "elsewhere").exists()
+    module(tmp_path / "set", draw=True).prepare_data()  # drawn at training time
+    module(tmp_path / "set", draw=False).prepare_data()  # read back
+    with pytest.raises(FileNotFoundError, match="num_train=9999"):  # the same folder, other settings: not redrawn
+        module(tmp_path / "set", draw=False, num_train=9999).prepare_data()

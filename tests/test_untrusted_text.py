@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from mmtx.data.annotations import MAX_TEXT_CHARS, AnnotationError, TextLimit
+from mmtx.data.annotations import MAX_TEXT_CHARS, AnnotationError, TextLimit, load_json_object, read_text
 from mmtx.data.bad_data import BadDataError
 from mmtx.data.captions import CocoCaptions, PairsCaptions, read_coco_captions, read_karpathy, read_pairs
 from mmtx.data.captions.files import MAX_LINE_CHARS
@@ -302,3 +302,23 @@ def test_max_text_chars_is_a_data_setting_of_every_source() -> None:
         compose_train(["data=pairs", "data.max_text_chars=0"]).data)
     with pytest.raises(ValueError, match="data.max_text_chars=0 must be a positive integer"):
         CocoCaptions(max_text_chars=0)
+
+
+def test_json_nested_deeper_than_python_recurses_is_a_bad_annotation(tmp_path: Path) -> None:
+    """A 200 kB line of brackets: json.loads raises RecursionError, not ValueError."""
+    Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"image": "a.png", "caption": "a cat"}) + "\n" + "[" * 200_000 + "\n")
+    skipped: list[str] = []
+    assert len(read_pairs(pairs, tmp_path, skipped=skipped)) == 1
+    assert len(skipped) == 1 and "line 2: invalid JSON: maximum recursion depth" in skipped[0]
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 200_000)
+    with pytest.raises(AnnotationError, match="nested deeper than any annotation file"):
+        load_json_object(deep)
+
+
+def test_an_annotation_path_that_is_not_a_regular_file_is_refused_unread(tmp_path: Path) -> None:
+    for path in (Path("/dev/zero"), tmp_path):  # endless, and a folder
+        with pytest.raises(AnnotationError, match="is not a regular file"):
+            read_text(path)

@@ -14,6 +14,7 @@ from mmtx.checkpoint import CheckpointError, load_task
 from mmtx.cli.common import CONFIG_DIR, DATA_FILE_KEYS, friendly_errors, generation_override, to_container
 from mmtx.config_check import ConfigError, check_eval_config
 from mmtx.data.shards import shard_paths
+from mmtx.hardware import loader_workers
 from mmtx.metrics.table import format_metrics_table
 
 
@@ -26,6 +27,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         raise CheckpointError(f"{cfg.ckpt} records no data set: choose one, e.g. data=coco data.val.annotations=...")
     if not cfg.get("data"):
         recorded_files_exist(data_cfg, cfg.split, cfg.ckpt)
+        if "root" in data_cfg:  # a drawn data set: read where it was drawn, never drawn again there
+            data_cfg["draw"] = False
+        data_cfg["num_workers"] = loader_workers(4)  # the machine's choice, as the data presets make it, not the file's
     trained = (task.data_config or {}).get("image_size")
     data_cfg["image_size"] = cfg.image_size or trained or data_cfg.get("image_size")
     if task.generation is not None:  # tasks that write text: captioning, generative VQA
@@ -69,7 +73,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
 def recorded_files_exist(data: dict, split: str, ckpt: str) -> None:
     """The files of ``split`` that the checkpoint's data config names must be here, and so must
-    the folder of a drawn data set (``root``): mmtx draws nothing where a file it was handed says."""
+    the folder of a drawn data set (``root``)."""
     split_files = data.get(split) if isinstance(data.get(split), dict) else {}
     missing = [f"{key}={value}" for key, value in {**data, **split_files}.items()
                if key in DATA_FILE_KEYS and value and not all(p.exists() for p in _paths(key, value))]

@@ -68,7 +68,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     )
     callbacks = [*instantiate_dict(cfg.get("callbacks")), track]
     trainer = instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks)
-    trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    # Lightning reads the resumed checkpoint again: as plain data too
+    trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=True)
     validates = trainer.limit_val_batches != 0  # trainer.limit_val_batches=0: no validation at all
     if validates and (not task.metrics or validated_at[-1:] != [trainer.global_step]):
         # stopped between validations (max_steps, max_time): score the final weights

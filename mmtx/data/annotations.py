@@ -99,6 +99,8 @@ def atomic_write_json(path: Path, document: Any) -> None:
 def read_text(file: Path, what: str = "annotation file") -> str:
     """The text of ``file``; bytes that are not UTF-8 survive as lone surrogates
     (``surrogateescape``), so that inside a string they are blamed on that entry alone."""
+    if file.exists() and not file.is_file():  # a folder, a device (/dev/zero), a pipe: endless or nothing
+        raise AnnotationError(f"{file}: {what} is not a regular file")
     try:
         return file.read_bytes().decode("utf-8-sig", errors="surrogateescape")
     except FileNotFoundError:
@@ -112,6 +114,8 @@ def load_json_object(file: Path) -> dict[str, Any]:
     text = read_text(file)
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise AnnotationError(f"{file}: its JSON is nested deeper than any annotation file") from None
     except json.JSONDecodeError as err:
         position = f"line {err.lineno} column {err.colno}"
         odd = ord(text[err.pos]) if err.pos < len(text) else 0

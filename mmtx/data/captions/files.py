@@ -164,7 +164,7 @@ def _rows(file: Path) -> Iterator[tuple[str, Any]]:
         elif line.strip():
             try:
                 yield f"line {number}", json.loads(line)
-            except ValueError as err:
+            except (ValueError, RecursionError) as err:  # RecursionError: nested deeper than Python recurses
                 yield f"line {number}", AnnotationError(f"{file}: line {number}: invalid JSON: {err}")
 
 

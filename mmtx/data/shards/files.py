@@ -62,7 +62,7 @@ def _listed(file: Path, split: str | None) -> list[Path]:
         listing = json.loads(file.read_text())
     except FileNotFoundError:
         raise AnnotationError(f"{file}: shard list not found") from None
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:
         raise AnnotationError(f"{file}: not a shard list ({type(err).__name__}: {err})") from err
     splits = listing.get("splits", {}) if isinstance(listing, dict) else {}
     if split is not None and split not in splits:
@@ -180,8 +180,8 @@ def _image_and_meta(
     if "json" in texts:
         try:
             meta = json.loads(texts["json"])
-        except ValueError as err:
-            raise AnnotationError(f"{path}: {key}.json: not JSON ({err})") from err
+        except (ValueError, RecursionError) as err:  # RecursionError: nested deeper than Python recurses
+            raise AnnotationError(f"{path}: {key}.json: not JSON ({type(err).__name__}: {err})") from err
         if not isinstance(meta, dict):
             raise AnnotationError(f"{path}: {key}.json: expected an object")
     return FileSlice(path, info.offset_data, info.size, info.name), meta

@@ -22,17 +22,22 @@ log = logging.getLogger(__name__)
 
 
 def build_once(
-    root: Path, meta: dict[str, Any], files: Iterable[Path], build: Callable[[Path, dict[str, Any]], None], what: str
+    root: Path, meta: dict[str, Any], files: Iterable[Path], build: Callable[[Path, dict[str, Any]], None], what: str,
+    draw: bool = True,
 ) -> None:
     """Make ``root`` hold the data set ``meta`` describes, calling ``build(staging, meta)`` if it must.
 
     ``files`` are the paths a complete data set has under ``root``; ``what`` names the data set
-    in errors and in the log.
+    in errors and in the log. ``draw=False`` only reuses one (FileNotFoundError if it is not
+    there): for a config read from a file, which must not decide where mmtx writes.
     """
     files = list(files)
     if _read_meta(root, meta["format"]) == meta and all(p.exists() for p in files):
         log.info("reusing the %s at %s", what, root)
         return
+    if not draw:
+        raise FileNotFoundError(f"{root} holds no {what} drawn with these settings ({_settings(meta)}), and mmtx "
+                                "draws none where a checkpoint says: give the data, e.g. data=shapes")
     _check_replaceable(root, meta["format"], what)
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
@@ -55,6 +60,10 @@ def build_once(
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already after a successful install
     log.info("wrote the %s to %s in %.1f s", what, root, time.perf_counter() - start)
+
+
+def _settings(meta: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in meta.items() if k not in ("format", "version"))
 
 
 def _read_meta(root: Path, fmt: str) -> dict[str, Any] | None:

@@ -24,7 +24,8 @@ class GeneratedSplits:
     read like the official files they are written as.
 
     ``generate(root, image_size=..., **spec)`` returns each split's file arguments for ``read``;
-    ``per_image`` adds the subclass's count per image to ``spec``.
+    ``per_image`` adds the subclass's count per image to ``spec``. ``draw=False`` only reads a
+    data set already drawn under ``root`` (``mmtx-eval`` from a checkpoint's recorded config).
     """
 
     generate: Callable[..., dict[str, tuple[Path, ...]]]
@@ -33,12 +34,12 @@ class GeneratedSplits:
 
     def __init__(
         self, root: str, num_train: int = 8000, num_val: int = 500, seed: int = 0, *,
-        per_image: dict[str, int], **kwargs: Any,
+        per_image: dict[str, int], draw: bool = True, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         spec = dict(num_train=num_train, num_val=num_val, seed=seed, **per_image)
         self.check(image_size=self.image_size, **spec)  # type: ignore[attr-defined]
-        self.root, self.spec = Path(root), spec
+        self.root, self.spec, self.draw = Path(root), spec, draw
         self._files: dict[str, tuple[Path, ...]] | None = None
 
     def prepare_data(self) -> None:
@@ -47,7 +48,7 @@ class GeneratedSplits:
     def files(self) -> dict[str, tuple[Path, ...]]:
         """Each split's files, generating the data set if needed."""
         if self._files is None:
-            self._files = self.generate(self.root, image_size=self.image_size, **self.spec)  # type: ignore[attr-defined]
+            self._files = self.generate(self.root, image_size=self.image_size, draw=self.draw, **self.spec)  # type: ignore[attr-defined]
         return self._files
 
     def has_split(self, split: str) -> bool:

@@ -206,6 +206,7 @@ def generate_shapes(
     image_size: int = 64,
     seed: int = 0,
     captions_per_image: int = 5,
+    draw: bool = True,
 ) -> dict[str, tuple[Path, Path]]:
     """Write (or reuse) a shapes data set under `root` in the official COCO captions format.
 
@@ -214,6 +215,8 @@ def generate_shapes(
     `mmtx.data.synthetic.build.build_once`. Each image is drawn from its own seed derived
     from (seed, split, index), so train and val never share a random stream.
 
+    ``draw=False``: only reuse a data set already there (see `build_once`).
+
     Returns {"train": (annotations_json, images_dir), "val": (annotations_json, images_dir)}.
     """
     root = Path(root)
@@ -221,7 +224,7 @@ def generate_shapes(
     meta = dict(format=_FORMAT, version=_FORMAT_VERSION, num_train=num_train, num_val=num_val,
                 image_size=image_size, seed=seed, captions_per_image=captions_per_image)
     layout = {split: (root / f"captions_{split}.json", root / split) for split in _ID_BASES}
-    build_once(root, meta, chain.from_iterable(layout.values()), _build, "shapes data set")
+    build_once(root, meta, chain.from_iterable(layout.values()), _build, "shapes data set", draw)
     return layout
 
 

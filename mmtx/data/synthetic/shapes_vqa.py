@@ -112,12 +112,15 @@ def generate_shapes_vqa(
     image_size: int = 64,
     seed: int = 0,
     questions_per_image: int = 5,
+    draw: bool = True,
 ) -> dict[str, tuple[Path, Path, Path]]:
     """Write (or reuse) a shapes VQA data set under `root` in the official VQA v2 format.
 
     Layout: ``train/*.png``, ``val/*.png`` (named by the 12-digit image id),
     ``questions_{split}.json``, ``annotations_{split}.json`` and ``meta.json``, built or reused
     by `build_once`. Each image and its questions come from their own seed (seed, split, index).
+
+    ``draw=False``: only reuse a data set already there (see `build_once`).
 
     Returns {split: (questions_json, annotations_json, images_dir)} for "train" and "val".
     """
@@ -129,7 +132,7 @@ def generate_shapes_vqa(
         split: (root / f"questions_{split}.json", root / f"annotations_{split}.json", root / split)
         for split in ("train", "val")
     }
-    build_once(root, meta, chain.from_iterable(layout.values()), _build, "shapes VQA data set")
+    build_once(root, meta, chain.from_iterable(layout.values()), _build, "shapes VQA data set", draw)
     return layout
 
 
