@@ -314,7 +314,7 @@ def test_json_nested_deeper_than_python_recurses_is_a_bad_annotation(tmp_path: P
     assert len(skipped) == 1 and "line 2: invalid JSON: maximum recursion depth" in skipped[0]
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 200_000)
-    with pytest.raises(AnnotationError, match="nested deeper than any annotation file"):
+    with pytest.raises(AnnotationError, match="invalid JSON: nested too deeply"):
         load_json_object(deep)
 
 

@@ -114,8 +114,6 @@ def load_json_object(file: Path) -> dict[str, Any]:
     text = read_text(file)
     try:
         data = json.loads(text)
-    except RecursionError:
-        raise AnnotationError(f"{file}: its JSON is nested deeper than any annotation file") from None
     except json.JSONDecodeError as err:
         position = f"line {err.lineno} column {err.colno}"
         odd = ord(text[err.pos]) if err.pos < len(text) else 0
