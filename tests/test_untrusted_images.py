@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import os
 import struct
 import subprocess
 import time
@@ -382,3 +383,26 @@ def test_the_demo_reads_an_upload_within_the_limit(vqa_task, tmp_path: Path) -> 
     status, answers, heat = Demo(vqa_task, max_pixels=10_000).answer(str(square), "what color?")
     assert status == "" and sorted(answers) == ["2", "blue", "red"] and heat is not None
     assert isinstance(Demo(vqa_task).pixels(str(square)), torch.Tensor)
+
+
+def test_a_file_with_more_bytes_than_its_pixels_can_take_is_refused_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small image followed by gigabytes (a sparse file here): refused by its size before it is
+    read into memory, through every reader and as a shard member (whose header gives its size)."""
+    from mmtx.data.images import max_file_bytes
+
+    path = tmp_path / "padded.png"
+    Image.new("RGB", (8, 8), "red").save(path)
+    os.truncate(path, max_file_bytes(100) + 1)  # trailing zeros that take no disk
+    for read in (load_image, read_image):
+        with pytest.raises(ImageLoadError, match=r"bytes, more than an image of up to 100 pixels"):
+            read(path, max_pixels=100)
+    assert "more than an image of up to 100 pixels" in (check_image(path, max_pixels=100) or "")
+    assert read_image(path).shape == (3, 8, 8)  # the default limit allows those bytes
+
+    def never(self: FileSlice) -> bytes:
+        raise AssertionError("the member was read")
+
+    monkeypatch.setattr(FileSlice, "read_bytes", never)
+    member = FileSlice(path, 0, max_file_bytes(100) + 1, "KEY.png")
+    with pytest.raises(ImageLoadError, match="more than an image of up to 100 pixels"):
+        read_image(member, max_pixels=100)

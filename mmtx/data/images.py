@@ -128,7 +128,7 @@ def load_image(path: ImageSource, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.I
         ImageLoadError: the file is missing, empty, not an image, truncated, too large or
             in a mode that has no RGB meaning; the message names the file.
     """
-    return _decoded_by_pillow(*_opened(path), max_pixels)
+    return _decoded_by_pillow(*_opened(path, max_pixels), max_pixels)
 
 
 def _decoded_by_pillow(path: ImageSource, file: Path | BinaryIO, max_pixels: int) -> Image.Image:
@@ -154,7 +154,7 @@ def read_image(path: ImageSource, max_pixels: int = MAX_IMAGE_PIXELS) -> torch.T
     Raises:
         ImageLoadError: as `load_image`.
     """
-    path, file = _opened(path)
+    path, file = _opened(path, max_pixels)
     with _header(path, file, max_pixels) as img:
         fast = _decoded_alike(img)
     if fast:
@@ -191,7 +191,7 @@ def check_image(path: str | os.PathLike, max_pixels: int = MAX_IMAGE_PIXELS) -> 
     failures are left to `load_image` during training. Reasons read as `load_image`'s do.
     """
     path = Path(path)
-    problem = _file_problem(path)
+    problem = _file_problem(path, max_pixels)
     if problem is not None:
         return problem
     try:
@@ -234,18 +234,33 @@ def map_images(fn: Callable[[T], R], items: list[T], max_threads: int, desc: str
             bar.update()
 
 
-def _opened(source: ImageSource) -> tuple[ImageSource, Path | BinaryIO]:
-    """``source`` and what the decoders open: the file's path, or a slice's bytes in memory."""
+def _opened(source: ImageSource, max_pixels: int) -> tuple[ImageSource, Path | BinaryIO]:
+    """``source`` and what the decoders open: the file's path, or a slice's bytes in memory
+    (read only if it is no larger than `max_file_bytes` allows)."""
     if isinstance(source, FileSlice):
+        if source.size > max_file_bytes(max_pixels):
+            raise ImageLoadError(source, _too_many_bytes(source.size, max_pixels))
         try:
             return source, io.BytesIO(source.read_bytes())
         except OSError as err:
             raise ImageLoadError(source, getattr(err, "strerror", None) or str(err)) from err
     path = Path(source)
-    problem = _file_problem(path)
+    problem = _file_problem(path, max_pixels)
     if problem is not None:
         raise ImageLoadError(path, problem)
     return path, path
+
+
+def max_file_bytes(max_pixels: int) -> int:
+    """The most bytes an image file of at most ``max_pixels`` pixels may have: every pixel stored
+    raw at 16-bit RGBA, and room for metadata, thumbnails and what phones append (a motion
+    photo's video). A file larger than that holds something else, and is not read into memory."""
+    return max_pixels * 8 + 64 * 2**20
+
+
+def _too_many_bytes(size: int, max_pixels: int) -> str:
+    return (f"{size:,} bytes, more than an image of up to {max_pixels:,} pixels (data.max_image_pixels) "
+            f"takes ({max_file_bytes(max_pixels):,})")
 
 
 def _header(path: ImageSource, file: Path | BinaryIO, max_pixels: int) -> Image.Image:
@@ -281,8 +296,8 @@ def _bomb_reason(err: Image.DecompressionBombError, max_pixels: int) -> str:
     return f"{type(err).__name__}: {err} (Pillow's own limit: PIL.Image.MAX_IMAGE_PIXELS)"
 
 
-def _file_problem(path: Path) -> str | None:
-    """Why ``path`` is not a readable, non-empty regular file (None if it is)."""
+def _file_problem(path: Path, max_pixels: int) -> str | None:
+    """Why ``path`` is not a readable, non-empty regular file of at most `max_file_bytes` (None if it is)."""
     try:
         size = path.stat().st_size
     except (OSError, ValueError) as err:  # ValueError: a NUL byte in the name
@@ -291,6 +306,8 @@ def _file_problem(path: Path) -> str | None:
         return "not a regular file"
     if size == 0:
         return "file is empty"
+    if size > max_file_bytes(max_pixels):
+        return _too_many_bytes(size, max_pixels)
     return None
 
 
