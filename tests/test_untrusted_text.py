@@ -144,14 +144,21 @@ def test_a_jsonl_line_over_the_line_limit_is_a_bad_annotation(tmp_path: Path, ca
         read_pairs(file, tmp_path)
     assert str(info.value) == skipped[0]
 
-    files = {"file": str(file), "images": str(tmp_path)}
-    with pytest.raises(BadDataError, match=r"pairs.jsonl: line 2: .* over the 1048576 a JSONL line may have"):
+    module = _one_bad_row_under_both_policies(file, tmp_path, r"pairs.jsonl: line 2: .* over the 1048576 a JSONL line may have", caplog)
+    assert [d.what for d in module.report.items if d.kind == "annotation"] == skipped
+
+
+def _one_bad_row_under_both_policies(file: Path, images: Path, match: str, caplog) -> PairsCaptions:
+    """A pairs file whose one bad row stops the data module (``error``) or is left out and
+    counted (``skip``, returned), its good row ("a red square", "red") kept."""
+    files = {"file": str(file), "images": str(images)}
+    with pytest.raises(BadDataError, match=match):
         PairsCaptions(train=files, num_workers=0).records("train")
     module = PairsCaptions(train=files, num_workers=0, on_bad_annotation="skip")
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         assert module.records("train")[0].captions == ("a red square", "red")
     assert "left out 1 bad annotation entries" in caplog.text
-    assert [d.what for d in module.report.items if d.kind == "annotation"] == skipped
+    return module
 
 
 def write_sparse_shard(path: Path, claimed: int) -> Path:
@@ -244,13 +251,7 @@ def test_a_csv_cell_over_the_field_limit_is_a_bad_annotation_named_by_line(tmp_p
     assert str(info.value) == skipped[0]
     assert csv.field_size_limit() == limit  # the global limit is left as it was
 
-    files = {"file": str(file), "images": str(tmp_path)}
-    with pytest.raises(BadDataError, match=r"pairs.csv: line 3: unreadable CSV row: field larger than field limit"):
-        PairsCaptions(train=files, num_workers=0).records("train")
-    module = PairsCaptions(train=files, num_workers=0, on_bad_annotation="skip")
-    with caplog.at_level(logging.WARNING, logger=LOGGER):
-        assert module.records("train")[0].captions == ("a red square", "red")
-    assert "left out 1 bad annotation entries" in caplog.text
+    _one_bad_row_under_both_policies(file, tmp_path, r"pairs.csv: line 3: unreadable CSV row: field larger than field limit", caplog)
 
     header = tmp_path / "header.csv"
     header.write_text(f"image,{'c' * (limit + 1)}\na.png,red\n")
