@@ -271,6 +271,18 @@ def test_random_shift_moves_each_image_by_its_own_offset() -> None:
     assert (moved[:, :, :, 1:] >= moved[:, :, :, :-1]).all()  # left stays left: a shift, never a flip
 
 
+def test_seeded_shifts_follow_each_image_not_its_batch() -> None:
+    """With a seed per image, an image moves by the same offset whichever batch (or process) it
+    is in and whatever was drawn before; other seeds move it otherwise."""
+    images = torch.rand(6, 3, 16, 16)
+    seeds = [11, 12, 13, 14, 15, 16]
+    whole = random_shift(images, 3, seeds)
+    torch.manual_seed(1)
+    halves = torch.cat([random_shift(images[:3], 3, seeds[:3]), random_shift(images[3:], 3, seeds[3:])])
+    assert torch.equal(whole, halves)
+    assert not torch.equal(whole, random_shift(images, 3, [s + 100 for s in seeds]))
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [dict(image_size=0), dict(image_size=8, std=(0.0, 1.0, 1.0)), dict(image_size=8, mean=(0.5,)),

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from mmtx.metrics.retrieval import retrieval_recall
 from mmtx.models import TextEncoder, VisionEncoder
 from mmtx.models.decoder import CaptionDecoder
+from mmtx.models.global_batch import GlobalBatch
 from mmtx.models.masking import IGNORE, mask_patches, mask_tokens
 from mmtx.models.patch_targets import MeanColor, NormalizedPixels, patchify
 from mmtx.models.pretraining import Objectives, TwoStreamPretrainer, contrastive_loss, pick_negatives
@@ -29,6 +30,11 @@ def tiny_pretrainer(pos: str = "learned", seed: int = 0, caption: bool = False, 
         TwoStreamModel(vision, text, co_layers=2, joint_dim=40), mask_id=MASK, special_ids=SPECIAL, caption_decoder=decoder,
         itc_pool=itc_pool,
     )
+
+
+def draws(seed: int) -> GlobalBatch:
+    """One process's random draws from a seeded generator."""
+    return GlobalBatch(generator=torch.Generator().manual_seed(seed))
 
 
 def batch(B=6, T=10, seed=0):
@@ -99,14 +105,14 @@ def test_streams_really_exchange_information():
 def test_every_objective_gives_a_finite_loss_and_can_be_switched_off():
     model = tiny_pretrainer()
     images, ids, mask = batch()
-    out = model(images, ids, mask, torch.arange(6), Objectives(itc=1.0), torch.Generator().manual_seed(0))
+    out = model(images, ids, mask, torch.arange(6), Objectives(itc=1.0), draws(0))
     for key in ("mlm_loss", "mpm_loss", "itm_loss", "itc_loss"):
         assert torch.isfinite(out[key]) and out[key] > 0
     assert out["mlm_loss"].item() == pytest.approx(math.log(60), rel=0.25)  # near-uniform at first
     assert out["itm_loss"].item() == pytest.approx(math.log(2), rel=0.1)
     total = out["mlm_loss"] + out["mpm_loss"] + out["itm_loss"] + out["itc_loss"]
     torch.testing.assert_close(out["loss"], total)
-    only = model(images, ids, mask, torch.arange(6), Objectives(mlm=0, mpm=0, itm=2.0), torch.Generator().manual_seed(0))
+    only = model(images, ids, mask, torch.arange(6), Objectives(mlm=0, mpm=0, itm=2.0), draws(0))
     assert set(only) == {"itm_loss", "itm_acc", "loss"}
     torch.testing.assert_close(only["loss"], 2 * only["itm_loss"])
     with pytest.raises(ValueError, match=r"every loss weight \(mlm, mpm, itm, itc, caption\) is 0"):
@@ -119,7 +125,7 @@ def test_the_caption_objective_writes_the_unmasked_caption_from_the_vision_strea
     model = tiny_pretrainer(caption=True).eval()
     images, ids, mask = batch()
     obj = Objectives(mlm=1.0, mpm=0, itm=0, caption=1.0)
-    out = model(images, ids, mask, torch.arange(6), obj, torch.Generator().manual_seed(0))
+    out = model(images, ids, mask, torch.arange(6), obj, draws(0))
     assert out["caption_loss"].item() == pytest.approx(math.log(60), rel=0.25)  # near-uniform at first
     torch.testing.assert_close(out["loss"], out["mlm_loss"] + out["caption_loss"])
     # the decoder's teacher-forced loss on the real tokens, reading the vision stream's own output
@@ -128,11 +134,11 @@ def test_the_caption_objective_writes_the_unmasked_caption_from_the_vision_strea
     targets = ids[:, 1:].masked_fill(~mask[:, 1:], IGNORE)  # padding is not predicted
     torch.testing.assert_close(out["caption_loss"], F.cross_entropy(logits.flatten(0, 1), targets.flatten()))
     # whatever words MLM masks, the caption written is the unmasked one
-    other = model(images, ids, mask, torch.arange(6), obj, torch.Generator().manual_seed(1))
+    other = model(images, ids, mask, torch.arange(6), obj, draws(1))
     assert other["mlm_loss"].item() != out["mlm_loss"].item()
     torch.testing.assert_close(other["caption_loss"], out["caption_loss"])
     # and it depends on the image
-    flipped = model(images.flip(-1), ids, mask, torch.arange(6), obj, torch.Generator().manual_seed(0))
+    flipped = model(images.flip(-1), ids, mask, torch.arange(6), obj, draws(0))
     assert flipped["caption_loss"].item() != out["caption_loss"].item()
 
 
@@ -161,7 +167,7 @@ def test_pretraining_lowers_the_loss():
     obj = Objectives(itc=1.0)
     losses = []
     for step in range(80):
-        out = model(images, ids, mask, torch.arange(6), obj, torch.Generator().manual_seed(step % 4))
+        out = model(images, ids, mask, torch.arange(6), obj, draws(step % 4))
         opt.zero_grad()
         out["loss"].backward()
         opt.step()
@@ -174,7 +180,7 @@ def test_token_masking_rates_follow_bert():
     ids = torch.randint(7, 1000, (400, 50), generator=g)
     maskable = torch.ones_like(ids, dtype=torch.bool)
     maskable[:, :2] = False  # e.g. [BOS] and padding are never picked
-    inputs, labels = mask_tokens(ids, maskable, MASK, 1000, 0.15, g, SPECIAL)
+    inputs, labels = mask_tokens(ids, maskable, MASK, 1000, 0.15, draws(0), SPECIAL)
     picked = labels != IGNORE
     assert not picked[:, :2].any()
     assert picked[:, 2:].float().mean().item() == pytest.approx(0.15, abs=0.01)
@@ -188,7 +194,7 @@ def test_token_masking_rates_follow_bert():
 
 
 def test_patch_masking_rates():
-    picked, replaced = mask_patches(500, 64, 0.15, 0.9, torch.Generator().manual_seed(0))
+    picked, replaced = mask_patches(500, 64, 0.15, 0.9, draws(0))
     assert picked.float().mean().item() == pytest.approx(0.15, abs=0.01)
     assert picked.any(1).all()  # every image predicts something
     assert not (replaced & ~picked).any()
@@ -220,7 +226,7 @@ def test_patch_targets():
 def test_negatives_never_come_from_the_same_image():
     image_ids = torch.tensor([0, 0, 1, 2, 3, 3])
     same = image_ids[:, None] == image_ids[None, :]
-    g = torch.Generator().manual_seed(0)
+    g = draws(0)
     for _ in range(50):
         index = pick_negatives(same, 0.5, None, g)
         swapped = index != torch.arange(6)

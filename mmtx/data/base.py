@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -311,11 +312,20 @@ class ImageTextDataModule(L.LightningDataModule):
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Lightning's hook once a batch is on the training device: its uint8 images normalised
         there (`mmtx.data.transforms`), shifted at random first in training when ``shift_px`` says
-        so (a quarter of the bytes to move while still uint8)."""
+        so (a quarter of the bytes to move while still uint8): each image by an offset drawn from
+        the run's seed, the epoch and its image id, the same on any number of processes."""
         if self.shift_px and self.trainer is not None and self.trainer.training:
-            batch["images"] = random_shift(batch["images"], self.shift_px)
+            ids = batch.get("image_ids")  # one per row of images
+            seeds = None if ids is None else self._image_seeds(ids.tolist() if isinstance(ids, Tensor) else ids)
+            batch["images"] = random_shift(batch["images"], self.shift_px, seeds)
         batch["images"] = normalize_images(batch["images"])
         return batch
+
+    def _image_seeds(self, image_ids: list[Any]) -> list[int]:
+        """A seed per image from the run's seed, the epoch and the image's id (an int, or a
+        string's CRC: Python's string hash differs between processes)."""
+        epoch = self.trainer.current_epoch
+        return [hash((self.seed, epoch, i if isinstance(i, int) else zlib.crc32(str(i).encode()))) for i in image_ids]
 
     # --- resuming mid-epoch ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, int]:

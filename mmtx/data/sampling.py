@@ -25,15 +25,16 @@ class ShardedBatchSampler(Sampler[list[tuple[int, int]]]):
         size: examples in the data set.
         batch_size: examples per batch *per process*.
         shuffle: a new permutation each epoch (training); else the data set's order.
-        drop_last: drop the last incomplete global batch (training). Without it (evaluation)
+        drop_last: drop the last incomplete global batch (training); each process takes a
+            contiguous slice of every global batch, in rank order, so the processes' batches
+            joined in rank order are one process's batch with them all. Without it (evaluation)
             the index list is padded with repeats of its start so every process gets the same
             number of examples, as ``DistributedSampler`` does; the evaluation removes repeats.
         seed: the run's seed; the permutation and per-example seeds come from ``(seed, epoch)``.
         groups: a group id per example (e.g. its image): when shuffling, the groups are shuffled
             and each group's examples follow one another, so a batch holds all of few groups
-            (an image's questions share one pass of the image encoder); each process then takes
-            a contiguous slice of every global batch (the same examples per global batch as
-            interleaving). A group may still be cut by a batch boundary.
+            (an image's questions share one pass of the image encoder). A group may still be cut
+            by a batch boundary.
     """
 
     def __init__(
@@ -87,8 +88,9 @@ class ShardedBatchSampler(Sampler[list[tuple[int, int]]]):
         total = self._share() * self.world_size
         if total > self.size:  # evaluation on several processes: pad so every share is equal
             order = order.repeat(-(-total // self.size))
-        if self.groups is not None and self.shuffle and self.drop_last:
-            # each process takes a contiguous slice of every global batch: a group stays on one process
+        if self.drop_last:
+            # each process takes a contiguous slice of every global batch, in rank order (a group
+            # stays on one process; gathered over the processes, the rows are one process's batch)
             mine = order[:total].view(-1, self.world_size, self.batch_size)[:, self.rank].flatten().tolist()
         else:
             mine = order[:total][self.rank :: self.world_size].tolist()

@@ -81,17 +81,22 @@ def normalize_images(images: torch.Tensor) -> torch.Tensor:
     )
 
 
-def random_shift(images: torch.Tensor, max_px: int) -> torch.Tensor:
+def random_shift(images: torch.Tensor, max_px: int, seeds: list[int] | None = None) -> torch.Tensor:
     """Move each image of a batch (B, C, H, W) by its own random whole-pixel offset, up to
     ``max_px`` each way, the edge pixels repeated into the uncovered border. Left stays left and
     a small ``max_px`` cuts at most a sliver off an object at the border: answers and captions
     about position, count and colour stay true, and the model cannot learn where on the patch
     grid a shape falls.
     (torchvision's ``RandomCrop(padding_mode="edge")`` on a batch draws one offset for all.) The
-    offsets come from the CPU generator, so a batch on an accelerator costs no synchronisation."""
+    offsets come from the CPU generator, so a batch on an accelerator costs no synchronisation;
+    with ``seeds`` (one per image), image i's offset comes from its own seed, whichever process
+    and batch it falls in."""
     if max_px <= 0:
         return images
     B, C, H, W = images.shape
     padded = torch.nn.functional.pad(images, (max_px,) * 4, mode="replicate")
-    offsets = torch.randint(0, 2 * max_px + 1, (B, 2)).tolist()
+    if seeds is None:
+        offsets = torch.randint(0, 2 * max_px + 1, (B, 2)).tolist()
+    else:
+        offsets = [torch.randint(0, 2 * max_px + 1, (2,), generator=torch.Generator().manual_seed(s)).tolist() for s in seeds]
     return torch.stack([padded[i, :, y : y + H, x : x + W] for i, (y, x) in enumerate(offsets)])

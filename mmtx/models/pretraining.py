@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmtx.models.decoder import CaptionDecoder
+from mmtx.models.global_batch import GlobalBatch
 from mmtx.models.masking import IGNORE, mask_patches, mask_tokens
 from mmtx.models.patch_targets import NormalizedPixels
 from mmtx.models.text import mean_of_tokens
@@ -135,16 +136,24 @@ class TwoStreamPretrainer(nn.Module):
                 head.apply(init_weights)
 
     # --- scores used for training and evaluation -------------------------------------------------
-    def itc_similarity(self, u: Unimodal) -> Tensor:
-        """Scaled cosine similarity (B_images, B_texts) of the streams' own outputs, pooled by ``itc_pool``."""
+    def itc_embeddings(self, u: Unimodal) -> tuple[Tensor, Tensor]:
+        """Unit-length contrastive embeddings of the images (B_images, itc_dim) and texts
+        (B_texts, itc_dim), from the streams' own outputs pooled by ``itc_pool``."""
         v_norm, t_norm = self.backbone.vision.norm, self.backbone.text.norm  # per token: pick tokens first
         if self.itc_pool == "mean":
             vision, text = v_norm(u.vision[:, 1:]).mean(1), mean_of_tokens(t_norm(u.text), u.text_mask)
         else:
             vision, text = v_norm(u.vision[:, 0]), t_norm(u.text[:, 0])
-        v = F.normalize(self.itc_vision(vision), dim=-1)
-        t = F.normalize(self.itc_text(text), dim=-1)
-        return self.logit_scale.exp().clamp(max=100) * v @ t.T
+        return F.normalize(self.itc_vision(vision), dim=-1), F.normalize(self.itc_text(text), dim=-1)
+
+    def itc_scale(self) -> Tensor:
+        """The learned temperature's inverse, capped at 100 (CLIP)."""
+        return self.logit_scale.exp().clamp(max=100)
+
+    def itc_similarity(self, u: Unimodal) -> Tensor:
+        """Scaled cosine similarity (B_images, B_texts) of the streams' own outputs, pooled by ``itc_pool``."""
+        v, t = self.itc_embeddings(u)
+        return self.itc_scale() * v @ t.T
 
     def itm_logits(self, u: Unimodal) -> Tensor:
         """Alignment logits (B, 2) [not aligned, aligned] from the fused pooled output."""
@@ -194,14 +203,26 @@ class TwoStreamPretrainer(nn.Module):
     # --- the pretraining losses ----------------------------------------------------------------
     def forward(
         self, images: Tensor, input_ids: Tensor, text_mask: Tensor, image_ids: Tensor,
-        objectives: Objectives, generator: torch.Generator | None = None,
+        objectives: Objectives, batch: GlobalBatch | None = None,
     ) -> dict[str, Tensor]:
-        """Losses and accuracies on a batch of pairs; ``loss`` is their weighted sum.
+        """Losses and accuracies on this process's pairs; ``loss`` is their weighted sum.
 
-        Pairs of the same ``image_ids`` count as aligned (a batch may hold two captions of one image).
+        Pairs of the same ``image_ids`` count as aligned (a batch may hold two captions of one
+        image). ``batch`` places these rows in the global batch of data-parallel training
+        (default: one process, torch's generator): the contrastive loss and alignment's negatives
+        read every process's rows, the masks are drawn for the whole batch, and every loss is
+        scaled so that the processes' averaged gradients are those of one process with the whole
+        batch (a mean over tokens or patches is taken over the global batch's).
         """
-        obj, device = objectives, images.device
-        B = images.shape[0]
+        obj, device, batch = objectives, images.device, batch or GlobalBatch()
+        b, n = images.shape[0], batch.world_size
+        width = batch.longest(input_ids.shape[1], device)  # the texts padded as one process would
+        input_ids = F.pad(input_ids, (0, width - input_ids.shape[1]), value=self.backbone.text.token_embed.padding_idx)
+        text_mask = F.pad(text_mask, (0, width - text_mask.shape[1]), value=False)
+
+        def global_mean(total: Tensor, count: Tensor) -> Tensor:  # this process's share of a mean over every process's items
+            return total * n / batch.total(count).clamp_min(1)
+
         special = torch.tensor(self.special_ids, device=device)
         labels, unmasked_ids = None, input_ids
         if obj.mlm > 0:
@@ -210,72 +231,91 @@ class TwoStreamPretrainer(nn.Module):
             maskable = text_mask & ~torch.isin(input_ids, special)
             input_ids, labels = mask_tokens(
                 input_ids, maskable, self.mask_id, self.backbone.text.token_embed.num_embeddings,
-                obj.mask_prob, generator, self.special_ids,
+                obj.mask_prob, batch, self.special_ids,
             )
         picked = replaced = None
         if obj.mpm > 0:
-            n = self.backbone.vision.patch_embed.grid(*images.shape[-2:])
-            picked, replaced = mask_patches(B, n[0] * n[1], obj.patch_mask_prob, obj.patch_replace_prob, generator, device)
+            grid = self.backbone.vision.patch_embed.grid(*images.shape[-2:])
+            picked, replaced = mask_patches(b, grid[0] * grid[1], obj.patch_mask_prob, obj.patch_replace_prob, batch, device)
         u = self.backbone.unimodal(images, input_ids, text_mask, replaced)
 
         out: dict[str, Tensor] = {}
         if obj.caption > 0:  # [BOS] w1 .. wn -> w1 .. wn [EOS], from the vision stream alone
             logits = self.caption_decoder(unmasked_ids[:, :-1], u.vision)
             targets = unmasked_ids[:, 1:].masked_fill(~text_mask[:, 1:], IGNORE)
-            out["caption_loss"] = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE)
-        same_image = image_ids[:, None] == image_ids[None, :]  # (B, B) aligned pairs
-        sim = None
-        if obj.itc > 0:
-            sim = self.itc_similarity(u)
-            out["itc_loss"] = contrastive_loss(sim, same_image)
-        text_index = torch.arange(B, device=device)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="sum")
+            out["caption_loss"] = global_mean(loss, (targets != IGNORE).sum())
+        all_ids = batch.gather(image_ids)  # (B,)
+        if obj.itc > 0:  # this process's images against every text, its texts against every image
+            vision_emb, text_emb = self.itc_embeddings(u)
+            all_vision, all_text = batch.gather(vision_emb), batch.gather(text_emb)
+            positives = image_ids[:, None] == all_ids[None, :]  # (b, B)
+            scale = self.itc_scale()
+            i2t, t2i = scale * vision_emb @ all_text.T, scale * text_emb @ all_vision.T
+            out["itc_loss"] = (soft_cross_entropy(i2t, positives) + soft_cross_entropy(t2i, positives)) / 2
+        text_index = torch.arange(b, device=device) + batch.rank * b  # each image's own text, in the global batch
         if obj.itm > 0:
-            text_index = pick_negatives(same_image, obj.negative_prob, sim if obj.hard_negatives else None, generator)
-        joint = self.backbone.fuse(u.select_text(text_index))
-        aligned = image_ids[text_index] == image_ids  # (B,)
+            similarity = None
+            if obj.itc > 0 and obj.hard_negatives:
+                similarity = (self.itc_scale() * all_vision @ all_text.T).detach()  # (B, B)
+            text_index = pick_negatives(all_ids[:, None] == all_ids[None, :], obj.negative_prob, similarity, batch)
+            if n > 1:  # negatives from other processes: their texts gathered, gradients flowing back
+                u = Unimodal(u.vision, batch.gather(u.text), batch.gather(text_mask), u.vision_rope, u.text_rope)
+            joint = self.backbone.fuse(u.select_text(text_index))
+        else:
+            joint = self.backbone.fuse(u)
+        aligned = all_ids[text_index] == image_ids  # (b,)
 
         if obj.itm > 0:
             logits = self.itm_head(joint.pooled)
             out["itm_loss"] = F.cross_entropy(logits.float(), aligned.long())
             out["itm_acc"] = (logits.argmax(-1) == aligned.long()).float().mean()
-        if labels is not None:  # MLM on aligned pairs only, as ViLBERT
-            lab = labels[text_index].masked_fill(~aligned[:, None], IGNORE)
+        if labels is not None:  # MLM on aligned pairs only, as ViLBERT (an aligned pair reads its own text)
+            lab = labels.masked_fill(~aligned[:, None], IGNORE)
             rows = lab != IGNORE
             logits = self.mlm_head(joint.text[rows])
-            out["mlm_loss"] = F.cross_entropy(logits.float(), lab[rows]) if rows.any() else logits.sum() * 0
-            out["mlm_acc"] = (logits.argmax(-1) == lab[rows]).float().mean() if rows.any() else logits.new_zeros(())
+            count = rows.sum()
+            out["mlm_loss"] = global_mean(F.cross_entropy(logits.float(), lab[rows], reduction="sum"), count)
+            out["mlm_acc"] = global_mean((logits.argmax(-1) == lab[rows]).sum().float(), count)
         if picked is not None:
             sel = picked & aligned[:, None]
             pred = self.mpm_head(joint.vision[:, 1:][sel])
             target = self.patch_target(images)[sel]
-            out["mpm_loss"] = F.mse_loss(pred.float(), target) if sel.any() else pred.sum() * 0
+            loss = F.mse_loss(pred.float(), target, reduction="sum")
+            out["mpm_loss"] = global_mean(loss, sel.sum() * target.shape[-1])
         out["loss"] = sum(getattr(obj, k.removesuffix("_loss")) * v for k, v in out.items() if k.endswith("_loss"))
         return out
+
+
+def soft_cross_entropy(logits: Tensor, positives: Tensor) -> Tensor:
+    """Cross-entropy of each row's softmax against the uniform distribution over its positives
+    (``positives`` (R, C) bool, at least one per row), averaged over the rows."""
+    targets = positives.float()
+    return -(targets / targets.sum(1, keepdim=True) * logits.float().log_softmax(1)).sum(1).mean()
 
 
 def contrastive_loss(sim: Tensor, positives: Tensor) -> Tensor:
     """Symmetric InfoNCE (CLIP) with possibly several positives per row: cross-entropy against
     the uniform distribution over each row's (and column's) positives."""
-    sim = sim.float()
-    targets = positives.float()
-    i2t = -(targets / targets.sum(1, keepdim=True) * sim.log_softmax(1)).sum(1).mean()
-    t2i = -(targets.T / targets.T.sum(1, keepdim=True) * sim.T.log_softmax(1)).sum(1).mean()
-    return (i2t + t2i) / 2
+    return (soft_cross_entropy(sim, positives) + soft_cross_entropy(sim.T, positives.T)) / 2
 
 
 def pick_negatives(
-    same_image: Tensor, negative_prob: float, similarity: Tensor | None = None,
-    generator: torch.Generator | None = None,
+    same_image: Tensor, negative_prob: float, similarity: Tensor | None = None, draws: GlobalBatch | None = None,
 ) -> Tensor:
-    """For each image row, the text row it is paired with: itself, or (with ``negative_prob``)
-    a text of another image — drawn in proportion to softmax(similarity) when given (hard
-    negatives), else uniformly. Rows with no other image keep their own text."""
-    B = same_image.shape[0]
-    device = same_image.device
-    weights = torch.ones(B, B, device=device) if similarity is None else similarity.detach().float().softmax(1)
+    """For each image row of this process, the text row (of the global batch) it is paired with:
+    its own, or (with ``negative_prob``) a text of another image — drawn in proportion to
+    softmax(similarity) when given (hard negatives), else uniformly. Rows with no other image
+    keep their own text. ``same_image`` and ``similarity`` are (B, B) over the global batch;
+    ``draws`` places this process's rows in it (default: one process). Returns (b,)."""
+    draws = draws or GlobalBatch()
+    B, device = same_image.shape[0], same_image.device
+    b = B // draws.world_size
+    weights = torch.ones(B, B, device=device) if similarity is None else similarity.float().softmax(1)
     weights = weights.masked_fill(same_image, 0)
     has_other = weights.sum(1) > 0
     weights = torch.where(has_other[:, None], weights, torch.ones_like(weights))
-    other = torch.multinomial(weights, 1, generator=generator).squeeze(1)
-    swap = (torch.rand(B, generator=generator, device=device) < negative_prob) & has_other
-    return torch.where(swap, other, torch.arange(B, device=device))
+    other = draws.multinomial(weights)
+    rows = draws.rows(b)
+    swap = (draws.rand(b, device=device) < negative_prob) & has_other[rows]
+    return torch.where(swap, other, torch.arange(B, device=device)[rows])

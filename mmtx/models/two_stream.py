@@ -43,9 +43,9 @@ class Joint:
 
     vision: Tensor  # (B, 1 + N, Dv), or (U, 1 + N, Dv) with an image_index
     text: Tensor  # (B, T, Dt)
-    pooled: Tensor  # (B, joint_dim): pool(h_IMG) * pool(h_CLS)
-    image_pooled: Tensor  # (B, joint_dim): pool(h_IMG)
-    text_pooled: Tensor  # (B, joint_dim): pool(h_CLS)
+    pooled: Tensor | None  # (B, joint_dim): pool(h_IMG) * pool(h_CLS); None without a pooler
+    image_pooled: Tensor | None  # (B, joint_dim): pool(h_IMG)
+    text_pooled: Tensor | None  # (B, joint_dim): pool(h_CLS)
     image_index: Tensor | None = None  # (B,): the row of ``vision`` each text is about
 
     def per_text(self, image_tokens: Tensor) -> Tensor:
@@ -66,16 +66,23 @@ class TwoStreamModel(nn.Module):
         vision_reads_text: False keeps only the text half of each co-attention layer (the
             question reads the image; the image tokens do not depend on the question), so the
             vision work is done once per image however many questions it has.
+        pooler: build the pooling layers of ``Joint.pooled`` (the head on top decides: a head
+            that reads the tokens leaves them out, since data-parallel training refuses
+            parameters no loss uses).
+        patch_masking: build the mask token that replaces masked patches (masked patch
+            modelling only), likewise.
     """
 
     def __init__(
         self, vision: VisionEncoder, text: TextEncoder, co_layers: int = 2, joint_dim: int = 256,
         mlp_ratio: float = 4.0, dropout: float = 0.0, vision_reads_text: bool = True,
+        pooler: bool = True, patch_masking: bool = True,
     ) -> None:
         super().__init__()
         if co_layers < 0:
             raise ValueError(f"co_layers={co_layers} must be >= 0")
         self.vision, self.text, self.vision_reads_text = vision, text, vision_reads_text
+        self.pooler, self.patch_masking, self._joint_dim = pooler, patch_masking, joint_dim
         self.co_layers = nn.ModuleList(
             CoAttentionLayer(
                 vision.dim, text.dim, vision.num_heads, text.num_heads, mlp_ratio, dropout=dropout,
@@ -84,22 +91,28 @@ class TwoStreamModel(nn.Module):
             )
             for _ in range(co_layers)
         )
-        # ViLBERT pools h_IMG and h_CLS with a linear layer + activation into one space
-        self.vision_pool = nn.Sequential(nn.Linear(vision.dim, joint_dim), nn.ReLU())
-        self.text_pool = nn.Sequential(nn.Linear(text.dim, joint_dim), nn.ReLU())
-        self.mask_token = nn.Parameter(torch.zeros(vision.dim))  # replaces masked patches
+        self.vision_pool = self.text_pool = self.mask_token = None
+        if pooler:  # ViLBERT pools h_IMG and h_CLS with a linear layer + activation into one space
+            self.vision_pool = nn.Sequential(nn.Linear(vision.dim, joint_dim), nn.ReLU())
+            self.text_pool = nn.Sequential(nn.Linear(text.dim, joint_dim), nn.ReLU())
+        if patch_masking:
+            self.mask_token = nn.Parameter(torch.zeros(vision.dim))  # replaces masked patches
         for module in (self.co_layers, self.vision_pool, self.text_pool):
-            module.apply(init_weights)
-        nn.init.normal_(self.mask_token, std=0.02)
+            if module is not None:
+                module.apply(init_weights)
+        if patch_masking:
+            nn.init.normal_(self.mask_token, std=0.02)
 
     @property
     def joint_dim(self) -> int:
-        return self.vision_pool[0].out_features
+        return self._joint_dim
 
     def encode_vision(
         self, images: Tensor, masked_patches: Tensor | None = None
     ) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
         """The vision stream's own blocks (B, 1 + N, Dv); ``masked_patches`` (B, N) get the mask token."""
+        if masked_patches is not None and self.mask_token is None:
+            raise ValueError("masked_patches: this model was built without a mask token (patch_masking=False)")
         v, rope = self.vision.embed(images, masked_patches, self.mask_token)
         for block in self.vision.blocks:
             v = block(v, rope=rope)
@@ -133,6 +146,8 @@ class TwoStreamModel(nn.Module):
         for layer in self.co_layers:
             v, t = layer(v, t, u.text_mask, u.vision_rope, u.text_rope, image_index=index)
         v, t = self.vision.norm(v), self.text.norm(t)
+        if not self.pooler:
+            return Joint(v, t, None, None, None, index)
         image_pooled, text_pooled = self.vision_pool(v[:, 0]), self.text_pool(t[:, 0])
         if index is not None:
             image_pooled = image_pooled[index]

@@ -13,6 +13,7 @@ from mmtx.nn.init import init_weights
 
 
 POOLINGS = ("product", "concat", "tokens", "max")
+POOLED = ("product", "concat")  # the poolings that read the backbone's pooler (`Joint.pooled`)
 LOSSES = ("bce", "softmax")
 
 
@@ -45,6 +46,8 @@ class VqaClassifier(nn.Module):
             raise ValueError(f"pooling={pooling!r} must be one of {', '.join(POOLINGS)}")
         if loss not in LOSSES:
             raise ValueError(f"loss={loss!r} must be one of {', '.join(LOSSES)}")
+        if pooling in POOLED and not backbone.pooler:
+            raise ValueError(f"pooling={pooling!r} reads the backbone's pooled output: build it with backbone.pooler=true")
         self.backbone, self.pooling, self.loss_kind = backbone, pooling, loss
         tokens = backbone.vision.dim + backbone.text.dim
         width = {"product": backbone.joint_dim, "concat": 2 * backbone.joint_dim, "tokens": tokens, "max": tokens}[pooling]

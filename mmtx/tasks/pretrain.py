@@ -11,6 +11,7 @@ import torch
 from hydra.utils import instantiate
 
 from mmtx.metrics.retrieval import retrieval_recall
+from mmtx.models.global_batch import GlobalBatch
 from mmtx.models.pretraining import OBJECTIVES, Objectives, TwoStreamPretrainer
 from mmtx.models.two_stream import Unimodal
 from mmtx.tasks.base import Task
@@ -44,18 +45,30 @@ class PretrainTask(Task):
         super().__init__(tokenizer=tokenizer, data_config=data_config)
         tok = self.tokenizer
         self.objectives = Objectives(**(objectives or {}))
+        heads = [k for k in OBJECTIVES if getattr(self.objectives, k) > 0]  # the heads the losses use
+        backbone = {"text": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id},
+                    "patch_masking": "mpm" in heads, "pooler": "itm" in heads}  # fmt: skip
         self.model: TwoStreamPretrainer = instantiate(
-            model, backbone={"text": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}},
-            mask_id=tok.mask_id, special_ids=sorted(tok.special_ids),
-            heads=[k for k in OBJECTIVES if getattr(self.objectives, k) > 0],  # the heads the losses use
+            model, backbone=backbone, mask_id=tok.mask_id, special_ids=sorted(tok.special_ids), heads=heads,
         )
+        # masks and negatives are drawn from this seed, the step and the batch: the same on every
+        # process, and again after a resume
+        self._seed = torch.initial_seed()
         self.check_text_length("backbone.text", self.model.backbone.text.max_length)
         self._vision_rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self._captions_per_image: list[int] = []  # of the last retrieval evaluation
 
     def _log_losses(self, out: dict[str, torch.Tensor], stage: str, batch_size: int) -> None:
+        # each process holds its share of the global batch's mean: their mean is that mean
         for k, v in out.items():
-            self.log(f"{stage}/{k}", v, prog_bar=k == "loss", batch_size=batch_size, sync_dist=stage != "train")
+            self.log(f"{stage}/{k}", v, prog_bar=k == "loss", batch_size=batch_size, sync_dist=True)
+
+    def global_batch(self, batch_idx: int) -> GlobalBatch:
+        """This process's place in the global batch of training step ``batch_idx``, and its draws."""
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(hash((self._seed, self.global_step, batch_idx)))
+        gather = lambda x: self.all_gather(x, sync_grads=True)  # noqa: E731
+        return GlobalBatch(self.global_rank, self.trainer.world_size, gather, generator)
 
     def on_train_start(self) -> None:
         self._progress = budget_progress(self.trainer)
@@ -66,7 +79,8 @@ class PretrainTask(Task):
             # hard negatives from a contrastive space that has not formed yet are noise that holds
             # the alignment head at chance: random negatives first
             objectives = dataclasses.replace(objectives, hard_negatives=False)
-        out = self.model(batch["images"], batch["input_ids"], batch["attention_mask"], batch["image_ids"], objectives)
+        out = self.model(batch["images"], batch["input_ids"], batch["attention_mask"], batch["image_ids"],
+                         objectives, self.global_batch(batch_idx))
         self._log_losses(out, "train", batch["images"].shape[0])
         return out["loss"]
 
@@ -76,7 +90,8 @@ class PretrainTask(Task):
         gen = torch.Generator(device=images.device).manual_seed(1000 + batch_idx)  # same negatives every time
         # alignment is scored as in ViLBERT: against random other captions (chance = 50%)
         objectives = dataclasses.replace(self.objectives, hard_negatives=False)
-        out = self.model(images, batch["input_ids"], batch["attention_mask"], batch["image_ids"], objectives, gen)
+        out = self.model(images, batch["input_ids"], batch["attention_mask"], batch["image_ids"], objectives,
+                         GlobalBatch(generator=gen))
         self._log_losses(out, "val", B)
         # keep what retrieval needs: unmasked vision-stream features and the references
         vision, self._vision_rope = self.model.backbone.encode_vision(images)

@@ -12,6 +12,7 @@ from hydra.utils import instantiate
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.generation import GenerationConfig, generate
 from mmtx.metrics.vqa import build_answer_vocab, normalize_answer, soft_scores, vqa_accuracy
+from mmtx.models.vqa import POOLED
 from mmtx.tasks.base import Task
 from mmtx.tasks.gather import gather_unique
 
@@ -51,8 +52,15 @@ class AnswerTask(Task):
         self.check_text_length("backbone.text", self.model.backbone.text.max_length)
 
     def model_arguments(self, tok: Tokenizer) -> dict[str, Any]:
-        """What the model config leaves to the data: vocabulary sizes, padding id."""
-        return {"backbone": {"text": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}}}
+        """What the model config leaves to the data (vocabulary sizes, padding id), and the
+        backbone's parts no answer reads left out (no mask token: data-parallel training refuses
+        parameters without a gradient)."""
+        text = {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}
+        return {"backbone": {"text": text, "patch_masking": False, "pooler": self.reads_pooled()}}
+
+    def reads_pooled(self) -> bool:
+        """Whether the answer reads the backbone's pooled output (`TwoStreamModel`'s ``pooler``)."""
+        return False
 
     def loss(self, batch: dict[str, Any]) -> torch.Tensor:
         raise NotImplementedError
@@ -64,8 +72,8 @@ class AnswerTask(Task):
 
     # --- training ------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        loss = self.loss(batch)
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["input_ids"]))
+        loss = self.loss(batch)  # a mean over this process's questions, as many on every process
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["input_ids"]), sync_dist=True)
         return loss
 
     # --- validation ----------------------------------------------------------------------------
@@ -139,6 +147,9 @@ class VqaTask(AnswerTask):
 
     def model_arguments(self, tok: Tokenizer) -> dict[str, Any]:
         return super().model_arguments(tok) | {"num_answers": len(self.answers)}
+
+    def reads_pooled(self) -> bool:
+        return self.hparams.model.get("pooling", "product") in POOLED
 
     @classmethod
     def stand_in_data_arguments(cls) -> dict[str, Any]:

@@ -58,17 +58,19 @@ class VqaCollator:
         input_ids, mask = self.tokenizer.encode_batch([e["question"] for e in examples], self.max_length)
         images: list[torch.Tensor] = []
         rows: dict[Any, list[int]] = {}  # image id -> its rows in `images`
-        image_index = []
+        image_index, row_ids = [], []
         for e in examples:
             same = rows.setdefault(e["image_id"], [])
             row = next((r for r in same if torch.equal(images[r], e["image"])), len(images))
             if row == len(images):
                 same.append(row)
                 images.append(e["image"])
+                row_ids.append(e["image_id"])
             image_index.append(row)
         return {
             "images": default_collate(images),  # in a worker, straight into shared memory
             "image_index": torch.tensor(image_index),
+            "image_ids": row_ids,  # each row's image id
             "input_ids": input_ids,
             "attention_mask": mask,
             "question_ids": torch.tensor([e["question_id"] for e in examples]),
