@@ -158,10 +158,14 @@ class Preemption(L.Callback):
         self.received = signum
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        if not trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):
+        # the highest signal any process noted: all stop at this step with one exit status, however
+        # the notice reached them (a job's status, e.g. srun's, is its tasks' highest)
+        noted = torch.tensor(self.received or 0, device=trainer.strategy.root_device)
+        signum = int(trainer.strategy.reduce(noted, reduce_op="max"))
+        if not signum:
             return
         trainer.save_checkpoint(self.path)
-        raise Preempted(self.received or signal.SIGTERM, trainer.global_step, self.path)
+        raise Preempted(signum, trainer.global_step, self.path)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore()

@@ -93,6 +93,8 @@ def check_train_config(cfg: DictConfig) -> None:
         "task": task_problems(cfg.task), "tokenizer": tokenizer_problems(cfg.tokenizer),
     }
     problems += [p for group in groups for p in by_value[group]] + trainer_problems(cfg.trainer)
+    if not isinstance(cfg.get("activation_checkpointing", False), bool):
+        problems.append(f"activation_checkpointing={cfg.activation_checkpointing!r} must be true or false")
     if cfg.get("init_from") and not Path(cfg.init_from).is_file():
         problems.append(f"init_from={cfg.init_from}: no such checkpoint file")
     # the optimiser's values (task.lr ...) do not stop the task from being built and checked

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -79,12 +82,16 @@ class CLI:
 
     def run_many(self, *commands: tuple, cwd: Path, check: bool = True, timeout: float = 300):
         """Run several ``(name, *args)`` commands at once (mostly start-up and Java time); results in order."""
+        # each its own rendezvous port (a data-parallel run listens on one): two runs started at
+        # once could otherwise both pick the same free one, and the second would wait forever
+        ports = free_ports(len(commands)) if len(commands) > 1 and "MASTER_PORT" not in os.environ else []
         procs = [
             subprocess.Popen(
-                [self.script(name), *map(str, args)], cwd=cwd, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, text=True, env=os.environ.copy(),
+                [self.script(name), *map(str, args)], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, env={**os.environ, **({"MASTER_PORT": str(ports[i])} if ports else {})},
+                start_new_session=True,  # a hang is killed with the processes it started
             )
-            for name, *args in commands
+            for i, (name, *args) in enumerate(commands)
         ]
         results = []
         for proc in procs:
@@ -92,7 +99,8 @@ class CLI:
                 out, err = proc.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:  # a hang fails as one, never as an exit code a test expects
                 for other in procs:
-                    other.kill()
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(other.pid, signal.SIGKILL)
                 out, err = proc.communicate()
                 hung = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
                 pytest.fail(f"timed out after {timeout:.0f} s (killed)\n{self.describe(hung)}")
@@ -101,6 +109,15 @@ class CLI:
             for result in results:
                 assert result.returncode == 0, self.describe(result)
         return results
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` different TCP ports free on this machine now."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 @pytest.fixture(scope="session")

@@ -83,17 +83,26 @@ class SignalAtStep(L.Callback):
 
 
 class RecordImageIds(L.Callback):
-    """Test-only: appends ``STEP ID ID ...`` (the global step and the batch's image ids) to
-    ``{path}/rank{R}.txt`` for every training batch, to see which samples each process read."""
+    """Test-only: appends ``STEP ID ID ...`` (the global step and the batch's image ids, or its
+    ``key``: ``question_ids`` for VQA) to ``{path}/rank{R}.txt`` for every training batch, to see
+    which steps each process trained and which samples it read."""
 
-    def __init__(self, path: str) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str, key: str = "image_ids") -> None:
+        self.path, self.key = Path(path), key
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: dict, *args) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        ids = " ".join(str(i) for i in batch["image_ids"].tolist())
+        ids = " ".join(str(i) for i in batch[self.key].tolist())
         with open(self.path / f"rank{trainer.global_rank}.txt", "a") as f:
             f.write(f"{trainer.global_step} {ids}\n")
+
+
+def recorded_batches(folder: Path, rank: int = 0) -> list[tuple[int, list[int]]]:
+    """``(global step, ids)`` of each training batch process ``rank`` recorded (:class:`RecordImageIds`), in order."""
+    path = Path(folder) / f"rank{rank}.txt"
+    if not path.is_file():
+        return []
+    return [(step, ids) for step, *ids in (map(int, line.split()) for line in path.read_text().splitlines())]
 
 
 class NanImagesAtStep(L.Callback):

@@ -11,12 +11,17 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from hydra.utils import instantiate
 from torch import nn
 
 from mmtx.callbacks import NonFiniteLoss, NonFiniteLossError, Preempted, Preemption
 from mmtx.checkpoint import read_checkpoint
 from mmtx.checkpoint_io import AtomicCheckpointIO
 from mmtx.data.sampling import SeededDataset, ShardedBatchSampler
+from mmtx.data.tokenizer import Tokenizer
+from mmtx.tasks.base import RNG_KEY
+from tests.conftest import TINY_MODEL
+from tests.helpers import TINY_TWO_STREAM, compose_train, recorded_batches
 
 
 
@@ -193,21 +198,69 @@ def test_preemption_signal_saves_then_stops_within_the_step(tmp_path: Path) -> N
 
 # ------------------------------------------------------------------------------ exact resume
 
+STEPS = 14  # 10 a epoch (batch 32 of 320 captions or questions of 64 images): a resume crosses an epoch end
+# the randomness a resume must carry on: dropout (the random generators' states) and each example's
+# crop or shift (its own seed, at the data's position); pretraining also masks words and patches and
+# picks alignment negatives, random ones first, then hard ones from step 9 (after the resume); VQA
+# also drops out in its answer head (0.1) and shifts images by up to 4 px (the data preset's)
+RANDOM = {
+    "caption": ["model.encoder.dropout=0.1", "model.decoder.dropout=0.1", "data.crop_scale=[0.5,1.0]", "data.shift_px=2"],
+    "pretrain": ["task=pretrain", *TINY_TWO_STREAM, "model.backbone.dropout=0.1", "task.objectives.itc=0.5",
+                 "task.objectives.hard_negatives_from=0.6", "data.shift_px=2"],
+    "vqa": ["task=vqa", *TINY_TWO_STREAM, "model.backbone.dropout=0.1"],
+}  # fmt: skip
 
-def _train(cli, tiny: list[str], run_dir: Path, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
-    """A tiny captioning run of 14 steps: 10 a epoch (batch 32 of 320 pairs), crossing an epoch end
-    (validation), random crops on, last.ckpt every 3 steps."""
-    return cli.run(
-        "mmtx-train", *tiny, "logger=none", f"hydra.run.dir={run_dir}", "data.batch_size=32",
-        "data.crop_scale=[0.5,1.0]", "trainer.max_steps=14", "trainer.max_epochs=-1",
-        "trainer.limit_val_batches=1", "callbacks.step_checkpoint.every_n_train_steps=3", *extra,
-        cwd=run_dir.parent, check=check,
+
+def _command(tiny: list[str], task: str, run_dir: Path, record: str, *extra: str) -> tuple:
+    """``mmtx-train`` of a tiny ``task`` run of 14 steps with randomness on, last.ckpt every 3
+    steps; the step and example ids of every batch the process trains go to ``run_dir/record``."""
+    base = tiny if task == "caption" else [o for o in tiny if o not in TINY_MODEL]  # a two-stream model
+    return (
+        "mmtx-train", *base, *RANDOM[task], "logger=none", f"hydra.run.dir={run_dir}", "data.batch_size=32",
+        f"trainer.max_steps={STEPS}", "trainer.max_epochs=-1", "trainer.limit_val_batches=1",
+        "callbacks.step_checkpoint.every_n_train_steps=3", "+callbacks.ids._target_=tests.helpers.RecordImageIds",
+        f"+callbacks.ids.path={run_dir / record}", f"+callbacks.ids.key={'question_ids' if task == 'vqa' else 'image_ids'}",
+        *extra,
+    )  # fmt: skip
+
+
+def _whole_and_stopped(cli, tiny: list[str], tmp_path: Path, task: str, *settings: str, signal_name: str,
+                       step: int, rank: int = 0) -> subprocess.CompletedProcess:  # fmt: skip
+    """An uninterrupted run (``tmp_path/whole``) and one whose process ``rank`` sends itself
+    ``signal_name`` after step ``step`` (``tmp_path/stopped``), at once; the stopped one's result."""
+    cfg = compose_train([*_command(tiny, task, tmp_path, "-")[1:], "paths.output_dir=unused"])
+    instantiate(cfg.data, tokenizer=Tokenizer.train).prepare_data()  # drawn once, not by both runs at once
+    fault = ("+callbacks.fault._target_=tests.helpers.SignalAtStep", f"+callbacks.fault.step={step}",
+             f"+callbacks.fault.signal={signal_name}", f"+callbacks.fault.rank={rank}")  # fmt: skip
+    whole, stopped = cli.run_many(
+        _command(tiny, task, tmp_path / "whole", "ids", *settings),
+        _command(tiny, task, tmp_path / "stopped", "ids-first", *settings, *fault), cwd=tmp_path, check=False,
     )
+    assert whole.returncode == 0, cli.describe(whole)
+    return stopped
+
+
+def _resume_and_compare(cli, tiny: list[str], tmp_path: Path, task: str, *settings: str, saved_at: int,
+                        ranks: int = 1) -> subprocess.CompletedProcess:  # fmt: skip
+    """Resume ``tmp_path/stopped`` from its last.ckpt, written at step ``saved_at``: each resumed
+    process trains steps ``saved_at``..13 only, on the batches the uninterrupted run took there,
+    and the run ends with the uninterrupted run's weights and optimizer state, bit for bit."""
+    last = tmp_path / "stopped" / "checkpoints" / "last.ckpt"
+    assert read_checkpoint(last)["global_step"] == saved_at
+    resumed = cli.run(*_command(tiny, task, tmp_path / "stopped", "ids-resumed", *settings, f"ckpt_path={last}"),
+                      cwd=tmp_path)  # fmt: skip
+    for rank in range(ranks):
+        whole = recorded_batches(tmp_path / "whole" / "ids", rank)
+        assert [step for step, _ in whole] == list(range(STEPS))
+        assert recorded_batches(tmp_path / "stopped" / "ids-first", rank)[:saved_at] == whole[:saved_at]
+        assert recorded_batches(tmp_path / "stopped" / "ids-resumed", rank) == whole[saved_at:]  # not from step 0
+    _assert_same_state(tmp_path / "whole" / "checkpoints" / "last.ckpt", last)
+    return resumed
 
 
 def _assert_same_state(a: Path, b: Path) -> None:
     x, y = read_checkpoint(a), read_checkpoint(b)
-    assert x["global_step"] == y["global_step"] == 14
+    assert x["global_step"] == y["global_step"] == STEPS
     assert x["state_dict"].keys() == y["state_dict"].keys()
     different = [k for k in x["state_dict"] if not torch.equal(x["state_dict"][k], y["state_dict"][k])]
     assert not different, f"weights differ from the uninterrupted run: {different[:5]}"
@@ -216,19 +269,17 @@ def _assert_same_state(a: Path, b: Path) -> None:
 
 
 @pytest.mark.slow
-def test_killed_run_resumed_from_last_ckpt_ends_bit_identical(cli, tiny: list[str], tmp_path: Path, repo_on_path) -> None:
-    """SIGKILL after step 7 (mid-epoch; last.ckpt of step 6), resume: the same weights and
-    optimizer state at step 14 as a run that was never interrupted."""
-    _train(cli, tiny, tmp_path / "whole")
-    killed = _train(
-        cli, tiny, tmp_path / "killed", "+callbacks.fault._target_=tests.helpers.SignalAtStep",
-        "+callbacks.fault.step=7", "+callbacks.fault.signal=SIGKILL", check=False,
-    )
+@pytest.mark.parametrize("task", ["caption", "pretrain", "vqa"])
+def test_killed_run_resumed_from_last_ckpt_ends_bit_identical(cli, tiny: list[str], tmp_path: Path, task: str,
+                                                              repo_on_path) -> None:  # fmt: skip
+    """SIGKILL after step 7 (mid-epoch; last.ckpt of step 6), resume: the resumed process trains
+    steps 6..13 only, and ends with the weights and optimizer state of a run never interrupted,
+    dropout, crops, shifts, masking and negatives on."""
+    killed = _whole_and_stopped(cli, tiny, tmp_path, task, signal_name="SIGKILL", step=7)
     assert killed.returncode == -signal.SIGKILL, cli.describe(killed)
-    last = tmp_path / "killed" / "checkpoints" / "last.ckpt"
-    assert read_checkpoint(last)["global_step"] == 6
-    _train(cli, tiny, tmp_path / "killed", f"ckpt_path={last}")
-    _assert_same_state(tmp_path / "whole" / "checkpoints" / "last.ckpt", last)
+    assert [s for s, _ in recorded_batches(tmp_path / "stopped" / "ids-first")] == list(range(7))  # 7 steps done
+    resumed = _resume_and_compare(cli, tiny, tmp_path, task, saved_at=6)
+    assert f"budget: trainer.max_steps={STEPS}; the preset's time budget is off" in resumed.stdout + resumed.stderr
 
 
 @pytest.mark.slow
@@ -236,31 +287,35 @@ def test_resume_with_loader_workers_and_bf16_autocast_is_exact(cli, tiny: list[s
     """The same as the SIGTERM case with two loader workers (random crops drawn in the workers)
     and bf16 autocast: resumed, the run ends where the uninterrupted one does, bit for bit."""
     settings = ("data.num_workers=2", "trainer.precision=bf16-mixed")
-    _train(cli, tiny, tmp_path / "whole", *settings)
-    stopped = _train(
-        cli, tiny, tmp_path / "stopped", *settings, "+callbacks.fault._target_=tests.helpers.SignalAtStep",
-        "+callbacks.fault.step=4", "+callbacks.fault.signal=SIGTERM", check=False,
-    )
-    last = tmp_path / "stopped" / "checkpoints" / "last.ckpt"
+    stopped = _whole_and_stopped(cli, tiny, tmp_path, "caption", *settings, signal_name="SIGTERM", step=4)
     assert stopped.returncode == 128 + signal.SIGTERM, cli.describe(stopped)
-    _train(cli, tiny, tmp_path / "stopped", *settings, f"ckpt_path={last}")
-    _assert_same_state(tmp_path / "whole" / "checkpoints" / "last.ckpt", last)
-    assert read_checkpoint(last)["state_dict"]["model.encoder.cls_token"].dtype == torch.float32  # autocast, fp32 weights
+    _resume_and_compare(cli, tiny, tmp_path, "caption", *settings, saved_at=5)
+    last = read_checkpoint(tmp_path / "stopped" / "checkpoints" / "last.ckpt")
+    assert last["state_dict"]["model.encoder.cls_token"].dtype == torch.float32  # autocast, fp32 weights
 
 
 @pytest.mark.slow
 def test_sigterm_saves_and_exits_then_resumes_exactly(cli, tiny: list[str], tmp_path: Path, repo_on_path) -> None:
-    _train(cli, tiny, tmp_path / "whole")
-    stopped = _train(
-        cli, tiny, tmp_path / "stopped", "+callbacks.fault._target_=tests.helpers.SignalAtStep",
-        "+callbacks.fault.step=4", "+callbacks.fault.signal=SIGTERM", check=False,
-    )
+    """SIGTERM after step 4: the step in flight finishes, last.ckpt of step 5 is written, the
+    process exits with 128+15; resumed, it trains steps 5..13 only and ends bit-identical."""
+    stopped = _whole_and_stopped(cli, tiny, tmp_path, "caption", signal_name="SIGTERM", step=4)
     last = tmp_path / "stopped" / "checkpoints" / "last.ckpt"
     assert stopped.returncode == 128 + signal.SIGTERM, cli.describe(stopped)
-    assert f"stopped by SIGTERM at step 5; saved {last}" in stopped.stderr
-    assert read_checkpoint(last)["global_step"] == 5  # the step in flight when the notice came
-    _train(cli, tiny, tmp_path / "stopped", f"ckpt_path={last}")
-    _assert_same_state(tmp_path / "whole" / "checkpoints" / "last.ckpt", last)
+    assert f"stopped by SIGTERM at step 5; saved {last}" in stopped.stderr  # the step in flight when the notice came
+    _resume_and_compare(cli, tiny, tmp_path, "caption", saved_at=5)
+
+
+@pytest.mark.slow
+def test_two_processes_resume_with_each_ones_own_random_state(cli, tiny: list[str], tmp_path: Path, repo_on_path) -> None:
+    """2 processes (``trainer=ddp_cpu``, batch 16 each), dropout on: each process draws its own
+    dropout masks, and only process 0 writes the checkpoint, which holds both processes'
+    generators. SIGTERM to process 1 after step 4 (both stop, last.ckpt of step 5), resume: both
+    train steps 5..13 only and the run ends bit-identical to an uninterrupted 2-process run."""
+    settings = ("trainer=ddp_cpu", "data.batch_size=16")
+    stopped = _whole_and_stopped(cli, tiny, tmp_path, "caption", *settings, signal_name="SIGTERM", step=4, rank=1)
+    assert stopped.returncode == 128 + signal.SIGTERM, cli.describe(stopped)
+    assert len(read_checkpoint(tmp_path / "stopped" / "checkpoints" / "last.ckpt")[RNG_KEY]) == 2
+    _resume_and_compare(cli, tiny, tmp_path, "caption", *settings, saved_at=5, ranks=2)
 
 
 def test_the_lightning_counter_mid_epoch_resume_reads_counts_batches_of_this_epoch() -> None:

@@ -16,7 +16,7 @@ import torch
 
 from mmtx.checkpoint import load_task, read_checkpoint
 from mmtx.data.synthetic import ShapesCaptions
-from tests.helpers import train_in_process
+from tests.helpers import recorded_batches, train_in_process
 
 GPU_CKPT = Path(__file__).parent / "data" / "caption_tiny_h200_bf16.ckpt"
 GPU_CAPTION = "a " + " ".join(["big"] * 22)  # what the barely trained model wrote for both scenes on the GPU
@@ -49,6 +49,8 @@ def test_a_gpu_run_resumes_on_the_cpu(tmp_path: Path) -> None:
     ckpt = run / "checkpoints" / "last.ckpt"
     ckpt.write_bytes(GPU_CKPT.read_bytes())
     metrics = train_in_process([*TINY, "trainer=cpu", "trainer.max_epochs=3", "trainer.max_steps=10",
-                                f"paths.data_dir={tmp_path / 'data'}", f"paths.output_dir={run}", f"ckpt_path={ckpt}"])
+                                f"paths.data_dir={tmp_path / 'data'}", f"paths.output_dir={run}", f"ckpt_path={ckpt}",
+                                "+callbacks.ids._target_=tests.helpers.RecordImageIds", f"+callbacks.ids.path={run / 'ids'}"])
     assert metrics and all(math.isfinite(v) for v in metrics.values())
-    assert read_checkpoint(ckpt)["global_step"] == 10  # 6 steps on the GPU, 4 more here
+    assert read_checkpoint(ckpt)["global_step"] == 10
+    assert [step for step, _ in recorded_batches(run / "ids")] == [6, 7, 8, 9]  # 6 steps on the GPU, 4 more here

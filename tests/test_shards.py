@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -261,7 +262,8 @@ def test_one_and_two_processes_and_a_resumed_run_read_the_same_samples(cli, task
     """A brace pattern, quoted for Hydra as a user types it; 150 samples in 4 shards (of 40, 40, 40 and 30: they do not divide among 2 processes), 3 of
     them without a caption (left out): in one epoch, 1 process with batch 16 and 2 with batch 8
     read the same samples, each image once per caption; a run killed mid-epoch and resumed
-    from its last checkpoint reads, step by step, what the uninterrupted run read."""
+    from its last checkpoint reads, step by step, what the uninterrupted run read, the resumed
+    process from the checkpoint's step on only."""
     from tests.helpers import TINY_TWO_STREAM
 
     spec = write_test_shards(tmp_path / "shards")
@@ -273,22 +275,25 @@ def test_one_and_two_processes_and_a_resumed_run_read_the_same_samples(cli, task
         "+callbacks.ids._target_=tests.helpers.RecordImageIds",
     ]  # fmt: skip
 
-    def run(name: str, *extra: str) -> tuple:
-        return ("mmtx-train", *common, f"+callbacks.ids.path={tmp_path / name / 'ids'}", f"hydra.run.dir={tmp_path / name}", *extra)
+    def run(name: str, *extra: str, ids: str = "ids") -> tuple:
+        return ("mmtx-train", *common, f"+callbacks.ids.path={tmp_path / name / ids}", f"hydra.run.dir={tmp_path / name}", *extra)
 
     one, killed = cli.run_many(run("one", "data.batch_size=16"), run("killed", "data.batch_size=16",
                                "+callbacks.fault._target_=tests.helpers.SignalAtStep", "+callbacks.fault.step=7"),
                                cwd=tmp_path, check=False)  # fmt: skip
     assert one.returncode == 0, cli.describe(one)
+    assert killed.returncode == -signal.SIGKILL, cli.describe(killed)
     whole = steps_read(tmp_path / "one" / "ids")
     assert len(whole) == 147 * 2 // 16  # 18 full batches of the 294 (image, caption) pairs
     ids = sorted(i for batch in whole.values() for i in batch)
     assert not {17, 63, 101} & set(ids) and len(ids) == 288 and max(ids.count(i) for i in ids) == 2
 
     if task == "caption":  # killed after step 7, resumed from last.ckpt (step 6)
-        cli.run(*run("killed", "data.batch_size=16", f"ckpt_path={tmp_path / 'killed' / 'checkpoints' / 'last.ckpt'}"),
-                cwd=tmp_path)  # fmt: skip
-        assert steps_read(tmp_path / "killed" / "ids") == whole
+        cli.run(*run("killed", "data.batch_size=16", f"ckpt_path={tmp_path / 'killed' / 'checkpoints' / 'last.ckpt'}",
+                     ids="ids-resumed"), cwd=tmp_path)  # fmt: skip
+        resumed = steps_read(tmp_path / "killed" / "ids-resumed")
+        assert sorted(resumed) == list(range(6, len(whole)))  # the resumed process: from step 6 on only
+        assert {**steps_read(tmp_path / "killed" / "ids"), **resumed} == whole
 
     cli.run(*run("two", "data.batch_size=8", "trainer=ddp_cpu", "trainer.devices=2"), cwd=tmp_path)
     two = steps_read(tmp_path / "two" / "ids")

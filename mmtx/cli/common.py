@@ -26,6 +26,7 @@ from mmtx.export import ExportError
 from mmtx.generation import GenerationConfig
 from mmtx.hardware import loader_workers, training_precision
 from mmtx.pretrained import PretrainedError
+from mmtx.tasks.optim import time_budget
 
 log = logging.getLogger("mmtx")
 
@@ -38,6 +39,9 @@ CONFIG_DIR = str(_PACKAGED if _PACKAGED.is_dir() else _SOURCE)
 OmegaConf.register_new_resolver("mmtx.precision", training_precision, replace=True)
 # ${mmtx.loader_workers:4} in data configs: up to 4 loader workers, one core left to training
 OmegaConf.register_new_resolver("mmtx.loader_workers", loader_workers, replace=True)
+# ${mmtx.time_budget:'DD:HH:MM:SS',${.max_steps},${.max_epochs}} in the CPU preset: its deadline only for
+# a run given no step or epoch budget, which stays reproducible
+OmegaConf.register_new_resolver("mmtx.time_budget", time_budget, replace=True)
 
 # problems with the user's files or settings: reported in one line, not as a traceback
 USER_ERRORS = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import secrets
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,11 +23,15 @@ from mmtx.cli.common import CONFIG_DIR, absolute_data_paths, friendly_errors, in
 from mmtx.config_check import check_train_config
 from mmtx.data.tokenizer import Tokenizer, spellings
 from mmtx.metrics.table import format_metrics_table
+from mmtx.tasks.optim import budget_note
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Run one training job; returns the final validation metrics."""
     check_train_config(cfg)  # impossible settings fail here, before any data is made or read
+    note = budget_note(cfg.trainer)  # whether the run's budget makes it reproducible
+    if note:
+        log.log(*note)
     absolute_data_paths(cfg.data)  # the checkpoint records where the data is, from anywhere
     L.seed_everything(cfg.seed, workers=True)
     out = Path(cfg.paths.output_dir)
@@ -43,7 +48,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     datamodule.setup("fit")  # train and val read and screened, the tokenizer learned, before the model
     tokenizer = datamodule.tokenizer
     if int(os.environ.get("LOCAL_RANK", 0)) == 0:  # one writer per machine
-        tokenizer.save(out / "tokenizer.json")
+        # written whole, then renamed: nodes sharing the run directory never leave a mixed file
+        os.replace(tokenizer.save(out / f".tokenizer-{secrets.token_hex(8)}.json"), out / "tokenizer.json")
     log.info("tokenizer: %d tokens, saved to %s", tokenizer.vocab_size, out / "tokenizer.json")
 
     task_cls = get_class(cfg.task._target_)

@@ -46,6 +46,7 @@ class Task(L.LightningModule):
         self.tokenizer = Tokenizer.from_str(tokenizer) if tokenizer is not None else None
         self.val_outputs: list[dict[str, Any]] = []  # what the validation steps collect
         self.metrics = {}
+        self._step_sums: torch.Tensor | None = None  # (loss sum, items) of the optimizer step so far
 
     def check_text_length(self, tower: str, max_length: int) -> None:
         """The text tower ``model.<tower>`` must have positions for the data's ``max_length`` tokens."""
@@ -117,11 +118,17 @@ class Task(L.LightningModule):
         checkpoint[TASK_KEY] = f"{type(self).__module__}.{type(self).__qualname__}"
         if self.data_config is not None:
             checkpoint[DATA_KEY] = self.data_config
-        checkpoint[RNG_KEY] = rng_state()
+        # every process's generators, in rank order: only rank 0 writes the file, and the processes'
+        # generators part ways (dropout draws as many numbers as each one's batch shape takes)
+        checkpoint[RNG_KEY] = all_rng_states()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # applied when training resumes, not now: the sanity-check validation draws from them too
-        self._resumed_rng = checkpoint.get(RNG_KEY)
+        states = checkpoint.get(RNG_KEY)
+        if isinstance(states, dict):  # one process's, as older checkpoints hold them
+            states = [states]
+        # a process the interrupted run did not have keeps its seeded generators
+        self._resumed_rng = states[self.global_rank] if states and self.global_rank < len(states) else None
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         """First batch after a resume: the random state the interrupted run had at that point."""
@@ -129,11 +136,37 @@ class Task(L.LightningModule):
             set_rng_state(self._resumed_rng)
             self._resumed_rng = None
 
-    def mean_over_processes(self, value: torch.Tensor) -> torch.Tensor:
-        """``value`` averaged over the data-parallel processes (itself on one process)."""
-        if self.trainer.world_size == 1:
-            return value
-        return self.all_gather(value.detach()).float().mean()
+    def summed_loss(self, total: torch.Tensor, count: torch.Tensor | int) -> torch.Tensor:
+        """What ``training_step`` returns for a loss that is a mean over items (a caption's tokens,
+        VQA's questions): ``total``, the batch's loss summed over its ``count`` items.
+
+        The update is then that of the mean over every item of the optimizer step, exactly,
+        however the items fall among processes and accumulated micro-batches:
+        :meth:`on_before_optimizer_step` divides the gradients by the step's item count, the one
+        number of the step that is known only once its last micro-batch is in (each batch's mean,
+        weighted as it comes, would need the later micro-batches' counts). ``train/loss``, the
+        step's mean, is logged there. The sum is finite when the mean is (`NonFiniteLoss` reads
+        it), and gradient clipping comes after the division.
+        """
+        sums = torch.stack([total.detach().float(), torch.as_tensor(count, device=total.device).float()])
+        self._step_sums = sums if self._step_sums is None else self._step_sums + sums
+        return total
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """The gradients of :meth:`summed_loss`'s sums become those of the step's mean. Lightning
+        calls this once the step's micro-batches are accumulated (and DDP/FSDP have reduced them;
+        fp16 gradients unscaled), before clipping and the update; one all-reduce per step."""
+        if self._step_sums is None:  # the task's loss is not a summed_loss
+            return
+        total, count = self.trainer.strategy.reduce(self._step_sums, reduce_op="sum")
+        self._step_sums = None
+        # Lightning divided each micro-batch's loss by k; DDP and FSDP average over the processes
+        scale = self.trainer.accumulate_grad_batches * self.trainer.world_size / count
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:  # none where NonFiniteLoss dropped the step
+                    p.grad.mul_(scale.to(p.grad.device))  # FSDP's CPU offload keeps gradients on the CPU
+        self.log("train/loss", total / count, prog_bar=True)  # the same on every process
 
 
 RNG_KEY = "mmtx_rng"
@@ -147,6 +180,16 @@ def rng_state() -> dict[str, Any]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+def all_rng_states() -> list[dict[str, Any]]:
+    """:func:`rng_state` of every process of the run, in rank order (a collective: every process
+    calls it, as every process builds the checkpoint that rank 0 writes)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return [rng_state()]
+    states: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(states, rng_state())
+    return states
 
 
 def set_rng_state(state: dict[str, Any]) -> None:

@@ -67,16 +67,14 @@ class CaptionTask(Task):
 
     # --- training ------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        """The loss summed over the batch's target tokens (`Task.summed_loss`): each optimizer step
+        then trains on the mean over all its tokens, as one batch holding every process's and
+        micro-batch's captions would, though captions of different lengths give the processes and
+        micro-batches different numbers of tokens."""
         pad_id = self.tokenizer.pad_id
+        tokens = (batch["input_ids"][:, 1:] != pad_id).sum()
         loss = self.model.loss(batch["images"], batch["input_ids"], pad_id, self.hparams.label_smoothing)
-        if self.trainer.world_size > 1:
-            # DDP averages the processes' gradients: weighting each process's mean by its share of
-            # the tokens makes the update (and the logged loss) the mean over the global batch's
-            # tokens, exactly as one process with the whole batch would compute it
-            tokens = (batch["input_ids"][:, 1:] != pad_id).sum()
-            loss = loss * tokens / self.mean_over_processes(tokens)
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch["images"].shape[0], sync_dist=True)
-        return loss
+        return self.summed_loss(loss * tokens, tokens)
 
     # --- captions ------------------------------------------------------------------------------
     def caption(self, images: torch.Tensor, config: GenerationConfig | None = None) -> list[str]:

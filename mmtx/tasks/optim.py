@@ -3,12 +3,15 @@ or time, shared by every task."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
+from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Timer
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 # parameters that are positions or special tokens: decaying them only shrinks information
@@ -88,6 +91,44 @@ def budget_progress(trainer: L.Trainer) -> Callable[[int], float]:
         return min(1.0, max(done, default=0.0))
 
     return progress
+
+
+def counted_budget(max_steps: Any, max_epochs: Any) -> bool:
+    """Whether the trainer is given a budget in steps or epochs (-1 and None: none)."""
+    return max_steps not in (None, -1) or max_epochs not in (None, -1)
+
+
+def time_budget(budget: str | None, max_steps: Any, max_epochs: Any) -> str | None:
+    """A preset's ``trainer.max_time`` (the ``${mmtx.time_budget:...}`` resolver): ``budget`` for a
+    run given neither ``max_steps`` nor ``max_epochs``, else None. A step or epoch budget makes a
+    run reproducible, and a deadline beside it would make the schedule and the stopping point
+    follow the machine's pace; ``trainer.max_time=...`` given explicitly holds beside them."""
+    return None if counted_budget(max_steps, max_epochs) else budget
+
+
+def budget_note(trainer: DictConfig) -> tuple[int, str] | None:
+    """The start-up line (logging level, message) on whether the run's budget makes it
+    reproducible; None for a step or epoch budget alone where no preset deadline was dropped."""
+    counted = [f"trainer.{k}={trainer.get(k)}" for k in ("max_steps", "max_epochs") if trainer.get(k) not in (None, -1)]
+    max_time = trainer.get("max_time")
+    if max_time is None and counted and OmegaConf.is_interpolation(trainer, "max_time"):
+        return logging.INFO, (
+            f"budget: {' and '.join(counted)}; the preset's time budget is off, so the learning-rate schedule "
+            "and the stopping point do not depend on the machine's pace (trainer.max_time=DD:HH:MM:SS adds one)"
+        )
+    if max_time is not None and counted:
+        return logging.WARNING, (
+            f"budget: trainer.max_time={max_time} beside {' and '.join(counted)}: the learning-rate schedule and "
+            "the stopping point follow whichever budget is further along, so they depend on the machine's pace and "
+            "two runs of one seed can differ (trainer.max_time=null makes the run reproducible)"
+        )
+    if max_time is not None:
+        return logging.INFO, (
+            f"budget: trainer.max_time={max_time} of wall-clock time: the learning-rate schedule and the stopping "
+            "point follow the clock, so the result depends on the machine's pace (trainer.max_steps=N or "
+            "trainer.max_epochs=N makes the run reproducible)"
+        )
+    return None
 
 
 def build_optimizer(

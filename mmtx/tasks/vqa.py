@@ -72,9 +72,12 @@ class AnswerTask(Task):
 
     # --- training ------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        loss = self.loss(batch)  # a mean over this process's questions, as many on every process
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["input_ids"]), sync_dist=True)
-        return loss
+        count = self.items(batch)
+        return self.summed_loss(self.loss(batch) * count, count)
+
+    def items(self, batch: dict[str, Any]) -> torch.Tensor | int:
+        """How many items the batch's loss is a mean over (`Task.summed_loss`): its questions."""
+        return len(batch["input_ids"])
 
     # --- validation ----------------------------------------------------------------------------
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
@@ -192,12 +195,19 @@ class GenerativeVqaTask(AnswerTask):
         return super().model_arguments(tok) | {"decoder": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}}
 
     def loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        best = [Counter(normalize_answer(a) for a in answers).most_common(1)[0][0] for answers in batch["answers"]]
-        answer_ids, _ = self.tokenizer.encode_batch(best, self.model.decoder.max_length)
         return self.model.loss(
-            batch["images"], batch["input_ids"], batch["attention_mask"], answer_ids.to(self.device),
+            batch["images"], batch["input_ids"], batch["attention_mask"], self.answer_ids(batch),
             self.tokenizer.pad_id, batch.get("image_index"),
         )
+
+    def items(self, batch: dict[str, Any]) -> torch.Tensor:
+        """The answers' target tokens: the loss is a mean over them."""
+        return (self.answer_ids(batch)[:, 1:] != self.tokenizer.pad_id).sum()
+
+    def answer_ids(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Each question's most frequent answer, ``[BOS] a1 .. an [EOS]`` padded (B, T)."""
+        best = [Counter(normalize_answer(a) for a in answers).most_common(1)[0][0] for answers in batch["answers"]]
+        return self.tokenizer.encode_batch(best, self.model.decoder.max_length)[0].to(self.device)
 
     @torch.no_grad()
     def answer(self, images: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor, k: int = 1,
