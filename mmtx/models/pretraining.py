@@ -217,8 +217,10 @@ class TwoStreamPretrainer(nn.Module):
         obj, device, batch = objectives, images.device, batch or GlobalBatch()
         b, n = images.shape[0], batch.world_size
         width = batch.longest(input_ids.shape[1], device)  # the texts padded as one process would
-        input_ids = F.pad(input_ids, (0, width - input_ids.shape[1]), value=self.backbone.text.token_embed.padding_idx)
-        text_mask = F.pad(text_mask, (0, width - text_mask.shape[1]), value=False)
+        if width > input_ids.shape[1]:
+            pad = (0, width - input_ids.shape[1])
+            input_ids = F.pad(input_ids, pad, value=self.backbone.text.token_embed.padding_idx)
+            text_mask = F.pad(text_mask, pad, value=False)
 
         def global_mean(total: Tensor, count: Tensor) -> Tensor:  # this process's share of a mean over every process's items
             return total * n / batch.total(count).clamp_min(1)
