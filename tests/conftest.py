@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -112,12 +113,22 @@ class CLI:
 
 
 def free_ports(n: int) -> list[int]:
-    """``n`` different TCP ports free on this machine now."""
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
+    """``n`` different TCP ports free on this machine now, below the ephemeral range: a port the
+    system hands out for connections (what binding port 0 returns, and Lightning's own choice)
+    can be taken by another run's connections in the seconds before the run listens on it."""
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ephemeral.read_text().split()[0]) if ephemeral.is_file() else 32768
+    ports: list[int] = []
+    for port in random.Random().sample(range(20000, low), k=min(200, low - 20000)):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == n:
+            return ports
+    raise RuntimeError(f"no {n} free ports between 20000 and {low}")
 
 
 @pytest.fixture(scope="session")
