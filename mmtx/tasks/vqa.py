@@ -72,12 +72,12 @@ class AnswerTask(Task):
 
     # --- training ------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        count = self.items(batch)
-        return self.summed_loss(self.loss(batch) * count, count)
+        loss, count = self.loss_over_items(batch)
+        return self.summed_loss(loss * count, count)
 
-    def items(self, batch: dict[str, Any]) -> torch.Tensor | int:
-        """How many items the batch's loss is a mean over (`Task.summed_loss`): its questions."""
-        return len(batch["input_ids"])
+    def loss_over_items(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | int]:
+        """The batch's loss and how many items it is a mean over (`Task.summed_loss`): its questions."""
+        return self.loss(batch), len(batch["input_ids"])
 
     # --- validation ----------------------------------------------------------------------------
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
@@ -195,14 +195,16 @@ class GenerativeVqaTask(AnswerTask):
         return super().model_arguments(tok) | {"decoder": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}}
 
     def loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        return self.model.loss(
-            batch["images"], batch["input_ids"], batch["attention_mask"], self.answer_ids(batch),
+        return self.loss_over_items(batch)[0]
+
+    def loss_over_items(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The loss and the answers' target tokens it is a mean over."""
+        answer_ids = self.answer_ids(batch)
+        loss = self.model.loss(
+            batch["images"], batch["input_ids"], batch["attention_mask"], answer_ids,
             self.tokenizer.pad_id, batch.get("image_index"),
         )
-
-    def items(self, batch: dict[str, Any]) -> torch.Tensor:
-        """The answers' target tokens: the loss is a mean over them."""
-        return (self.answer_ids(batch)[:, 1:] != self.tokenizer.pad_id).sum()
+        return loss, (answer_ids[:, 1:] != self.tokenizer.pad_id).sum()
 
     def answer_ids(self, batch: dict[str, Any]) -> torch.Tensor:
         """Each question's most frequent answer, ``[BOS] a1 .. an [EOS]`` padded (B, T)."""
