@@ -83,9 +83,10 @@ class CLI:
 
     def run_many(self, *commands: tuple, cwd: Path, check: bool = True, timeout: float = 300):
         """Run several ``(name, *args)`` commands at once (mostly start-up and Java time); results in order."""
-        # each its own rendezvous port (a data-parallel run listens on one): two runs started at
-        # once could otherwise both pick the same free one, and the second would wait forever
-        ports = free_ports(len(commands)) if len(commands) > 1 and "MASTER_PORT" not in os.environ else []
+        # each its own rendezvous port below the ephemeral range (a data-parallel run listens on
+        # one): Lightning's own choice is an ephemeral port, which another test's connections can
+        # take before the run listens on it, and two runs started at once could pick the same one
+        ports = free_ports(len(commands)) if "MASTER_PORT" not in os.environ else []
         procs = [
             subprocess.Popen(
                 [self.script(name), *map(str, args)], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

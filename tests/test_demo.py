@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -17,6 +16,7 @@ import pytest
 from PIL import Image
 
 from tests.bad_inputs import write_tiny_checkpoint
+from tests.conftest import free_ports
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -35,12 +35,6 @@ def repeating_checkpoint(path: Path, word: str = "red") -> Path:
     state["model.decoder.body.norm.bias"].copy_(1000 * state["model.decoder.body.token_embed.weight"][tokenizer.backend.token_to_id(word)])
     torch.save(ckpt, path)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(url: str, proc: subprocess.Popen, seconds: float = 120) -> None:
@@ -69,7 +63,7 @@ def test_the_demo_page_captions_an_upload_shows_a_heat_map_and_refuses_a_text_fi
     Image.new("RGB", (48, 40), "red").save(image)
     text.write_text("not an image")
     disguised.write_text("not an image either")
-    port = free_port()
+    port = free_ports(1)[0]
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "NO_PROXY": "127.0.0.1,localhost"}
     big = tmp_path / "big.png"
     big.write_bytes(os.urandom(1_500_000))

@@ -18,6 +18,7 @@ import torch
 import yaml
 
 from mmtx.checkpoint import read_checkpoint
+from tests.conftest import free_ports
 from tests.test_cli import logged
 from tests.test_readme import code_blocks, section
 
@@ -105,7 +106,7 @@ def torchrun_runs(cli, tiny: list[str], tmp_path: Path, launcher_free_env) -> di
     run = tmp_path / "nodes"
 
     def nodes(*extra: str) -> list[subprocess.CompletedProcess]:
-        port = free_port()
+        port = free_ports(1)[0]
         commands = [(*readme_torchrun(cli, r, port, run), "trainer.accelerator=cpu", *common, *extra) for r in (0, 1)]
         return cli.run_many(*commands, cwd=tmp_path, check=False)  # both nodes at once
 
