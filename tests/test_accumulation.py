@@ -20,16 +20,16 @@ RUN = [
     "logger=csv", "trainer.log_every_n_steps=1", f"trainer.max_steps={STEPS}", "trainer.max_time=null",
     "trainer.limit_val_batches=1",
 ]  # fmt: skip
-# nothing drawn at random per batch (dropout masks, shifts), no statistic over the batch (the conv
-# stem's BatchNorm): every example's contribution is then the same in a batch of 16 as in one of 8
-CAPTION = ["model.decoder.dropout=0", "model.encoder.dropout=0", "model.encoder.stem=patch"]
+# nothing drawn at random per batch (dropout masks, shifts): every example's contribution is then the
+# same in a batch of 16 as in one of 8
+CAPTION = ["model.decoder.dropout=0", "model.encoder.dropout=0"]
 VQA = [
     "task=vqa", *TINY_TWO_STREAM, "task.num_answers=50", "model.dropout=0", "model.backbone.dropout=0",
-    "model.backbone.vision.stem=patch", "data.shift_px=0",
+    "data.shift_px=0",
 ]  # fmt: skip
 GENERATIVE_VQA = [  # a mean over the answers' tokens, of different lengths
     "task=vqa_generative", "model=vqa_generative_small", *TINY_TWO_STREAM, "model.backbone.dropout=0",
-    "model.backbone.vision.stem=patch", "data.shift_px=0", "model.decoder.dropout=0", "model.decoder.dim=32",
+    "data.shift_px=0", "model.decoder.dropout=0", "model.decoder.dim=32",
     "model.decoder.depth=1", "model.decoder.num_heads=2",
 ]  # fmt: skip
 ACCUMULATED = ["data.batch_size=8", "trainer.accumulate_grad_batches=2"]

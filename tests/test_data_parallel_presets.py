@@ -1,5 +1,5 @@
-"""Every preset trains data-parallel: no parameter is left out of the loss (DDP refuses one), and
-pretraining and VQA on 2 processes follow one process with the whole batch."""
+"""Every preset trains data-parallel: no statistics of the batch, no parameter left out of the loss
+(DDP refuses one), and pretraining and VQA on 2 processes follow one process with the whole batch."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from torch import nn
 
 from mmtx.checkpoint import read_checkpoint
 from tests.helpers import TINY_TWO_STREAM, train_in_process
@@ -15,8 +16,14 @@ from tests.test_cli import csv_rows, logged
 
 
 class NoParameterWithoutGradient(L.Callback):
-    """Test-only: fails the run when a trainable parameter got no gradient from the first step's
-    loss, as DDP (``find_unused_parameters=False``) does at the next step."""
+    """Test-only: fails the run when the model keeps statistics of its batch (BatchNorm: each
+    process's own under DDP, so the result would change with the number of processes), or when a
+    trainable parameter got no gradient from the first step's loss, as DDP
+    (``find_unused_parameters=False``) does at the next step."""
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        batch_statistics = [n for n, m in pl_module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        assert not batch_statistics, f"modules normalising by batch statistics: {batch_statistics}"
 
     def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         missing = [n for n, p in pl_module.named_parameters() if p.requires_grad and p.grad is None]
@@ -29,7 +36,7 @@ PRESETS = {
                      "model.encoder.depth=1", "model.decoder.depth=1", "trainer.accelerator=cpu"],
     "pretrain_shapes": ["experiment=pretrain_shapes"],
     "vqa_shapes": ["experiment=vqa_shapes"],
-    "task=pretrain": ["task=pretrain"],
+    "task=pretrain vilbert": ["task=pretrain", "task.objectives.mpm=1.0", "task.objectives.itc=0", "task.objectives.caption=0"],
     "task=pretrain itc": ["task=pretrain", "task.objectives.itc=1.0", "task.objectives.mpm=0"],
     "task=vqa": ["task=vqa", "data=shapes_vqa"],
     "task=vqa pooling=product": ["task=vqa", "data=shapes_vqa", "model.pooling=product"],
@@ -38,7 +45,7 @@ PRESETS = {
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-def test_every_parameter_of_every_preset_gets_a_gradient(preset: str, tmp_path: Path) -> None:
+def test_every_preset_has_no_batch_statistics_and_every_parameter_gets_a_gradient(preset: str, tmp_path: Path) -> None:
     train_in_process([
         *PRESETS[preset], "data.num_train=16", "data.num_val=4", "data.batch_size=4", "data.num_workers=0",
         f"paths.data_dir={tmp_path / 'data'}", f"paths.output_dir={tmp_path / 'run'}", "logger=none",
@@ -96,7 +103,7 @@ def _assert_same_trajectory(dirs: dict[str, Path], keys: list[str]) -> None:
 
 def _common(tmp_path: Path, *extra: str) -> list[str]:
     return [
-        *TINY_TWO_STREAM, "model.backbone.vision.stem=patch", "data.image_size=32", "data.num_train=48",
+        *TINY_TWO_STREAM, "data.image_size=32", "data.num_train=48",
         "data.num_val=8", "data.num_workers=0", f"paths.data_dir={tmp_path / 'data'}", "logger=csv",
         "trainer.log_every_n_steps=1", f"trainer.max_steps={STEPS}", "trainer.limit_val_batches=0",
         "trainer.enable_progress_bar=false", "trainer.precision=32-true", *extra,

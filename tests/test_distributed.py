@@ -26,7 +26,6 @@ def runs(cli, tiny: list[str], tmp_path_factory: pytest.TempPathFactory) -> dict
         *tiny, *DATA, f"paths.data_dir={root / 'data'}", "logger=csv", "trainer.log_every_n_steps=1",
         f"trainer.max_steps={STEPS}", "trainer.limit_val_batches=1", "data.crop_scale=[0.5,1.0]",
         "model.decoder.dropout=0",  # dropout masks are drawn per process: not comparable
-        "model.encoder.stem=patch",  # the conv stem's BatchNorm normalises each process's half batch: nor this
     ]
     # the data set is drawn before the two runs start, so they don't both write it; each run, and
     # each of the two processes, learns its own vocabulary: the same one

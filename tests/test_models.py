@@ -114,3 +114,23 @@ def test_conv_stem_gives_the_patch_grid_and_patch_stem_keeps_vit_weights() -> No
         VisionEncoder(image_size=36, patch_size=12, dim=32, depth=1, num_heads=2, stem="conv")
     with pytest.raises(ValueError, match="stem='resnet' must be one of patch, conv"):
         VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, stem="resnet")
+
+
+def test_group_normalised_stem_sees_each_image_alone_and_batch_norm_does_not() -> None:
+    """``stem_norm=group`` normalises each image by its own statistics: an image's tokens are the
+    same alone and in any batch, in training and evaluation; BatchNorm's depend on the batch (why
+    it differed between 1 and N processes) and, in training, on nothing else."""
+    from mmtx.models import VisionEncoder
+
+    images = torch.randn(4, 3, 32, 32)
+    for norm, batch_independent in (("group", True), ("batch", False)):
+        torch.manual_seed(0)
+        encoder = VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, stem="conv", stem_norm=norm)
+        assert [type(m).__name__ for m in encoder.patch_embed.stem][1] == {"group": "GroupNorm", "batch": "BatchNorm2d"}[norm]
+        together, alone = encoder(images), torch.cat([encoder(images[i : i + 1]) for i in range(4)])
+        assert torch.allclose(together, alone, atol=1e-5) == batch_independent, norm
+    torch.manual_seed(0)  # and GroupNorm has no running averages: evaluation computes what training does
+    group = VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, stem="conv", stem_norm="group")
+    torch.testing.assert_close(group.eval()(images), group.train()(images))
+    with pytest.raises(ValueError, match="stem_norm='instance' must be one of batch, group"):
+        VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, stem="conv", stem_norm="instance")

@@ -1,4 +1,4 @@
-"""Several nodes, on one machine (gloo, CPU): the README's torchrun command run as two one-process
+"""Several nodes, on one machine (gloo, CPU): docs/many-gpus.md's torchrun command run as two one-process
 "nodes", and scripts/slurm/train.sbatch run with a stand-in ``srun`` that starts its tasks with
 SLURM's variables, as Lightning reads them on a cluster."""
 
@@ -20,18 +20,17 @@ import yaml
 from mmtx.checkpoint import read_checkpoint
 from tests.conftest import free_ports
 from tests.test_cli import logged
-from tests.test_readme import code_blocks, section
+from tests.test_readme import DOCS, code_blocks, section
 
 REPO = Path(__file__).resolve().parents[1]
 SBATCH = REPO / "scripts" / "slurm" / "train.sbatch"
 STEPS = 6
-# as in tests/test_distributed.py: the same math on every launcher (dropout masks and the conv
-# stem's BatchNorm statistics are per process), no time budget in the LR schedule; no validation
+# as in tests/test_distributed.py: the same math on every launcher (dropout masks are drawn per
+# process), no time budget in the LR schedule; no validation
 # (most of a tiny run's time, and tests/test_distributed.py's subject)
 SAME_RUN = [
     "logger=csv", "trainer.log_every_n_steps=1", f"trainer.max_steps={STEPS}", "trainer.limit_val_batches=0",
     "trainer.max_time=null", "data.batch_size=8", "data.crop_scale=[0.5,1.0]", "model.decoder.dropout=0",
-    "model.encoder.stem=patch",
 ]  # fmt: skip
 STOPPED_AT = 3  # a notice to one process at the end of step 2: both finish step 3, then save
 
@@ -70,8 +69,8 @@ def free_port(low: int = 20000, high: int = 60000) -> int:
 
 
 def readme_torchrun(cli, node_rank: int, port: int, run_dir: Path) -> list[str]:
-    """The README's torchrun command, for node ``node_rank`` of 2 nodes of one process on 127.0.0.1."""
-    text = section("Many GPUs, many nodes, and runs that survive faults")
+    """docs/many-gpus.md's torchrun command, for node ``node_rank`` of 2 nodes of one process on 127.0.0.1."""
+    text = section("Many GPUs, many nodes, and runs that survive faults", DOCS / "many-gpus.md")
     (block,) = [b for b in code_blocks(text, "bash") if "torchrun" in b]
     words = block.replace("\\\n", " ").replace("$(which mmtx-train)", cli.script("mmtx-train")).split()
     fill = {
@@ -80,7 +79,7 @@ def readme_torchrun(cli, node_rank: int, port: int, run_dir: Path) -> list[str]:
         "trainer.devices=8": "trainer.devices=1", "trainer.num_nodes=N": "trainer.num_nodes=2",
         "hydra.run.dir=RUN": f"hydra.run.dir={run_dir}",
     }  # fmt: skip
-    assert set(fill) <= set(words), f"the README's torchrun command changed: {block}"
+    assert set(fill) <= set(words), f"docs/many-gpus.md's torchrun command changed: {block}"
     return [fill.get(w, w) for w in words]
 
 
@@ -120,7 +119,7 @@ def torchrun_runs(cli, tiny: list[str], tmp_path: Path, launcher_free_env) -> di
 
 @pytest.mark.slow
 def test_two_torchrun_nodes_stop_on_sigterm_resume_and_follow_one_machine(cli, torchrun_runs: dict) -> None:
-    """The README's torchrun command on 2 nodes: SIGTERM to one node's process stops both after
+    """docs/many-gpus.md's torchrun command on 2 nodes: SIGTERM to one node's process stops both after
     the step in flight with one last.ckpt; resumed on 2 nodes, the run trains the remaining steps
     only, and the losses and final weights are those of one machine with 2 processes."""
     stopped, resumed = torchrun_runs["stopped"], torchrun_runs["resumed"]

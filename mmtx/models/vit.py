@@ -33,8 +33,10 @@ class VisionEncoder(nn.Module):
         activation: the MLP activation (``gelu``, ``gelu_tanh``, ``relu``).
         pos_antialias: antialias the bicubic resampling of learned positions when the grid
             shrinks (timm does; Hugging Face's ViT does not).
-        stem: ``patch`` (ViT's linear patch map) or ``conv`` (strided 3x3 convolutions with BatchNorm down to
-            the patch grid, then a 1x1 map: `mmtx.nn.embeddings.conv_stem`).
+        stem: ``patch`` (ViT's linear patch map) or ``conv`` (strided 3x3 convolutions, normalised, down
+            to the patch grid, then a 1x1 map: `mmtx.nn.embeddings.conv_stem`).
+        stem_norm: the conv stem's normalisation: ``batch`` (BatchNorm: statistics of the batch,
+            per process under data parallelism) or ``group`` (each image's own: GroupNorm).
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class VisionEncoder(nn.Module):
         activation: str = "gelu",
         pos_antialias: bool = False,
         stem: str = "patch",
+        stem_norm: str = "batch",
     ) -> None:
         super().__init__()
         self.pos_kind = check_position_kind(pos_embed)
@@ -69,7 +72,7 @@ class VisionEncoder(nn.Module):
             )
         self.dim, self.num_heads, self.image_size = dim, num_heads, image_size
         self.norm_first, self.pos_antialias = norm_first, pos_antialias
-        self.patch_embed = PatchEmbed(patch_size, in_chans, dim, stem)
+        self.patch_embed = PatchEmbed(patch_size, in_chans, dim, stem, stem_norm)
         self.grid_size = self.patch_embed.grid(image_size, image_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         num_patches = self.grid_size[0] * self.grid_size[1]

@@ -22,16 +22,20 @@ def check_position_kind(kind: str, key: str = "pos_embed") -> str:
 class PatchEmbed(nn.Module):
     """Image (B, C, H, W) -> patch tokens (B, N, dim) by a strided convolution."""
 
-    def __init__(self, patch_size: int, in_chans: int, dim: int, stem: str = "patch") -> None:
+    def __init__(
+        self, patch_size: int, in_chans: int, dim: int, stem: str = "patch", stem_norm: str = "batch"
+    ) -> None:
         super().__init__()
         if stem not in STEMS:
             raise ValueError(f"stem={stem!r} must be one of {', '.join(STEMS)}")
+        if stem_norm not in STEM_NORMS:
+            raise ValueError(f"stem_norm={stem_norm!r} must be one of {', '.join(STEM_NORMS)}")
         self.patch_size = patch_size
         if stem == "patch":  # ViT: one linear map of each patch's pixels
             self.stem = nn.Identity()
             self.proj = nn.Conv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size)
         else:  # Xiao et al. 2021, "Early convolutions help transformers see better"
-            self.stem, width = conv_stem(patch_size, in_chans, dim)
+            self.stem, width = conv_stem(patch_size, in_chans, dim, stem_norm)
             self.proj = nn.Conv2d(width, dim, kernel_size=1)
 
     def grid(self, height: int, width: int) -> tuple[int, int]:
@@ -48,12 +52,23 @@ class PatchEmbed(nn.Module):
 STEMS = ("patch", "conv")
 
 
-def conv_stem(patch_size: int, in_chans: int, dim: int) -> tuple[nn.Sequential, int]:
-    """3x3 stride-2 convolutions, each followed by BatchNorm and GELU, down to the patch grid,
-    channels doubling up to ``dim / 2`` (Xiao et al. 2021): local edges and corners are seen before
-    attention, which makes a small ViT learn shapes from little data faster than a linear patch
-    map. He-initialised and normalised, so the image reaches the transformer at full strength
-    (PyTorch's default init shrinks it about tenfold over three layers). Returns (stem, out channels)."""
+# What normalises each stem convolution's output: ``batch``, statistics of the batch (Xiao et al.;
+# under data parallelism each process's own, and running averages at evaluation), or ``group``,
+# statistics of each image alone over its channels and positions (GroupNorm with one group): the
+# same at any batch size, in training and evaluation, on any number of processes.
+STEM_NORMS = {
+    "batch": nn.BatchNorm2d,
+    "group": lambda channels: nn.GroupNorm(1, channels),
+}
+
+
+def conv_stem(patch_size: int, in_chans: int, dim: int, norm: str = "batch") -> tuple[nn.Sequential, int]:
+    """3x3 stride-2 convolutions, each followed by a normalisation (``STEM_NORMS``) and GELU, down
+    to the patch grid, channels doubling up to ``dim / 2`` (Xiao et al. 2021): local edges and
+    corners are seen before attention, which makes a small ViT learn shapes from little data faster
+    than a linear patch map. He-initialised and normalised, so the image reaches the transformer at
+    full strength (PyTorch's default init shrinks it about tenfold over three layers). Returns
+    (stem, out channels)."""
     steps = patch_size.bit_length() - 1
     if patch_size < 2 or 2**steps != patch_size:
         raise ValueError(f"stem=conv needs a power-of-two patch_size, got patch_size={patch_size}")
@@ -62,7 +77,7 @@ def conv_stem(patch_size: int, in_chans: int, dim: int) -> tuple[nn.Sequential, 
     for c_in, c_out in zip([in_chans, *widths[:-1]], widths):
         conv = nn.Conv2d(c_in, c_out, kernel_size=3, stride=2, padding=1, bias=False)
         nn.init.kaiming_normal_(conv.weight, nonlinearity="relu")
-        layers += [conv, nn.BatchNorm2d(c_out), nn.GELU()]
+        layers += [conv, STEM_NORMS[norm](c_out), nn.GELU()]
     return nn.Sequential(*layers), widths[-1]
 
 
