@@ -1,4 +1,5 @@
-"""Callbacks: samples for the loggers, and what a long run does about bad steps and preemption."""
+"""Callbacks: samples for the loggers, what a long run does about bad steps and preemption, and
+the console's progress bar and model summary."""
 
 from __future__ import annotations
 
@@ -6,13 +7,15 @@ import os
 import signal
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Timer
+from lightning.pytorch.callbacks import RichModelSummary, RichProgressBar, Timer
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.model_summary import get_formatted_model_size, get_human_readable_count
 
 
 class LogCaptionSamples(L.Callback):
@@ -44,7 +47,7 @@ class LogCaptionSamples(L.Callback):
 
 def images_in_batch(batch: dict[str, Any]) -> int:
     """The images a training batch holds: the ``batch_size_fn`` of Lightning's ``ThroughputMonitor``,
-    which logs ``train/device/samples_per_sec`` (README "On a GPU" shows the overrides that add it)."""
+    which logs ``train/device/samples_per_sec`` (docs/gpu.md shows the overrides that add it)."""
     return len(batch["images"])
 
 
@@ -177,3 +180,68 @@ class Preemption(L.Callback):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+
+
+class BudgetProgressBar(RichProgressBar):
+    """Lightning's rich progress bar, counting down the run's budget: beside the metrics, the
+    optimizer steps done of ``max_steps`` and the time left of ``max_time``. Lightning's own
+    counts epochs only and reads "Epoch 3/-2" in a run without an epoch budget
+    (``max_epochs=-1``, as the CPU preset's time-budgeted runs have): there it reads "Epoch 3"."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        if self.trainer.max_epochs is None or self.trainer.max_epochs >= 0:
+            return super()._get_train_description(current_epoch)
+        return f"{f'Epoch {current_epoch}':{len(self.validation_description)}}"  # padded as Lightning pads it
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        items = super().get_metrics(trainer, pl_module)
+        if trainer.max_steps > 0:
+            items["step"] = f"{trainer.global_step}/{trainer.max_steps}"
+        timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+        left = timer.time_remaining() if timer is not None else None
+        if left is not None:
+            items["time left"] = str(timedelta(seconds=round(max(left, 0.0))))
+        return items
+
+
+class ModelSummary(RichModelSummary):
+    """Lightning's rich model summary, without a FLOPs column and total when it counted none.
+
+    Lightning counts FLOPs by running the module on its ``example_input_array``; mmtx's tasks
+    have none (their batches are dicts of images and token ids), so its summary would print a
+    column of zeros and "Total FLOPs: 0".
+    """
+
+    @staticmethod
+    def summarize(
+        summary_data: list[tuple[str, list[str]]], total_parameters: int, trainable_parameters: int,
+        model_size: float, total_training_modes: dict[str, int], total_flops: int, **summarize_kwargs: Any,
+    ) -> None:
+        if total_flops:
+            return RichModelSummary.summarize(summary_data, total_parameters, trainable_parameters, model_size,
+                                              total_training_modes, total_flops, **summarize_kwargs)
+        from rich import get_console
+        from rich.table import Table
+
+        columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
+        table = Table(header_style=summarize_kwargs.get("header_style", "bold magenta"))
+        for name, _ in columns:
+            numeric = name.startswith("Params") or name.endswith("sizes")
+            table.add_column(name, justify="right" if numeric else "left", style="dim" if not name.strip() else None,
+                             no_wrap=name == "Name")
+        for row in zip(*(values for _, values in columns)):
+            table.add_row(*row)
+        totals = Table.grid(expand=True)
+        totals.add_column()
+        for label, value in (
+            ("Trainable params", get_human_readable_count(int(trainable_parameters))),
+            ("Non-trainable params", get_human_readable_count(int(total_parameters - trainable_parameters))),
+            ("Total params", get_human_readable_count(int(total_parameters))),
+            ("Total estimated model params size (MB)", get_formatted_model_size(model_size)),
+            ("Modules in train mode", total_training_modes["train"]),
+            ("Modules in eval mode", total_training_modes["eval"]),
+        ):
+            totals.add_row(f"[bold]{label}[/]: {value}")
+        console = get_console()
+        console.print(table)
+        console.print(totals)

@@ -17,8 +17,11 @@ one place:
 
     model.encoder.dim=30 is not divisible by model.encoder.num_heads=4 (allowed: a multiple of 4, e.g. 28 or 32)
 
-A resumed checkpoint is checked where ``mmtx-train`` reads it (`mmtx.checkpoint.check_resume`).
-Unknown group options (``data=nope``) never get here: Hydra refuses them, listing the options.
+A key that a constructor does not take (``+data.batchsize=8``) is reported as one its node does
+not have, with the closest key there is (`not_a_key`). A resumed checkpoint is checked where ``mmtx-train`` reads it
+(`mmtx.checkpoint.check_resume`). Unknown group options (``data=nope``) never get here: Hydra
+refuses them, listing the options; nor do overrides of keys the config lacks (``data.batchsize=8``):
+the apps refuse them first (`mmtx.cli.common.check_override_keys`).
 """
 
 from __future__ import annotations
@@ -176,6 +179,16 @@ def _stand_in_tokenizer(tokenizer: DictConfig) -> Tokenizer:
 # the task is given the whole model and data configs, under other names
 _TASK_ARGUMENTS = {"model": "model", "data_config": "data", "tokenizer": "tokenizer"}
 _FULL_KEY = re.compile(r"\nfull_key: (\S+)$")
+_UNEXPECTED = re.compile(r"got an unexpected keyword argument '(\w+)'")
+
+
+def not_a_key(key: str, keys: list[str]) -> str:
+    """``KEY is not a key of PARENT (did you mean PARENT.CLOSEST?)``, the closest of ``keys``
+    (the names in PARENT) by spelling, if any is close."""
+    parent, _, name = key.rpartition(".")
+    close = difflib.get_close_matches(name, [k for k in map(str, keys) if k not in (name, "_target_")], n=1)
+    hint = f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
+    return f"{key} is not a key of {parent or 'the config'}{hint}"
 
 
 def _built(problems: list[str], cfg: DictConfig, group: str, build: Callable[[], Any]) -> Any:
@@ -200,6 +213,11 @@ def _built(problems: list[str], cfg: DictConfig, group: str, build: Callable[[],
         else:
             node, renames = keys[-1] if keys else group, {}
         message = str(error)
+        unexpected = _UNEXPECTED.search(message) if isinstance(error, TypeError) else None
+        config = OmegaConf.select(cfg, node)
+        if unexpected and isinstance(config, DictConfig) and unexpected[1] in config:  # e.g. +data.batchsize=8
+            problems.append(not_a_key(f"{node}.{unexpected[1]}", list(config)))
+            return None
         keyed = _keyed(message, cfg, node, renames)
         problems.append(keyed if keyed != message else f"{node}: {message}")
         return None

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from mmtx.file_modes import as_created
 from mmtx.pretrained.convert import tied_names
 from mmtx.pretrained.files import PretrainedError, read_weights
 from mmtx.stored_config import (
@@ -79,6 +80,7 @@ def export(model: nn.Module, tokenizer: Tokenizer, out: str | Path, config: Mapp
         raise ExportError(f"the config of {type(model).__name__} is not plain JSON: {e}") from e
     out.mkdir(parents=True, exist_ok=True)
     save_file({name: t.contiguous() for name, t in state.items()}, out / WEIGHTS, metadata={"format": "pt"})
+    as_created(out / WEIGHTS)  # safetensors writes it through a temporary file, 0o600: as its neighbours
     tokenizer.save(out / TOKENIZER)
     (out / CONFIG).write_text(text + "\n", encoding="utf-8")
     return out

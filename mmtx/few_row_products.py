@@ -6,7 +6,7 @@ faster with the weight as the left operand, and its matrix-vector kernel (one ro
 the same product on two rows. The models keep plain ``nn.Linear``; :func:`few_row_products` is a
 ``TorchFunctionMode`` that generation enters, rerouting only the ``F.linear`` calls it pays for
 (fp32 on the CPU, outside autocast, at most ``MAX_ROWS`` rows) and leaving every other call alone.
-The result is the same product; ``scripts/bench_linear.py`` measures what it gains (README).
+The result is the same product; ``scripts/bench_linear.py`` measures what it gains (docs/cpu.md).
 
 Whether it pays depends on the CPU: it did where torch runs AVX-512 kernels (an AMD EPYC with
 AVX512-BF16, a Xeon with AMX) and slowed one-image decoding where it runs AVX2 ones (an AMD EPYC

@@ -28,7 +28,7 @@ from typing import Any
 import lightning as L
 
 TINY = [
-    "task=pretrain", "task.objectives.itc=1.0",
+    "task=pretrain", "task.objectives.itc=1.0", "task.objectives.caption=0",
     "task.objectives.mlm=0", "task.objectives.mpm=0", "task.objectives.itm=0",
     "model.backbone.vision.dim=32", "model.backbone.vision.depth=1", "model.backbone.vision.num_heads=2",
     "model.backbone.vision.patch_size=8", "model.backbone.text.dim=32", "model.backbone.text.depth=1",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU check of mmtx in one call, for a machine with one CUDA GPU (README "On a GPU"):
+# Every GPU check of mmtx in one call, for a machine with one CUDA GPU (docs/gpu.md):
 #   1. correctness, in parallel (nothing timed yet): the GPU tests and every preset on a tiny
 #      model in bf16 (trainer=gpu, resume from last.ckpt, ddp and fsdp on one device, fsdp with
 #      activation checkpointing, compile=true, pretraining, VQA), mmtx-eval / mmtx-caption /

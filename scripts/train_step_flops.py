@@ -4,7 +4,7 @@ The run's own code path (data module, task, Lightning's loop) takes one step of 
 in fp32 under PyTorch's ``FlopCounterMode`` (forward and backward: every matrix product, the CPU's
 flash attention kernels included, as ``scripts/bench.py`` counts them). Prints one JSON line with
 the FLOPs per step and per image; multiplied by the images per second that Lightning's
-ThroughputMonitor logs for a real run (README "On a GPU"), they give that run's model FLOP
+ThroughputMonitor logs for a real run (docs/gpu.md), they give that run's model FLOP
 utilisation. Text is padded to the longest caption of the batch, so a small batch counts its
 decoder on shorter sequences than a large one does (a lower bound; the image side is exact)::
 

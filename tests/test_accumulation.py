@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from mmtx.checkpoint import read_checkpoint
+from mmtx.cli.common import leave_process_group
 from mmtx.tasks.base import Task
+from tests.conftest import free_ports
 from tests.helpers import TINY_TWO_STREAM
 from tests.test_cli import csv_rows, logged
 
@@ -112,12 +114,22 @@ def test_summed_loss_steps_with_the_gradient_of_the_mean_over_every_item_of_the_
 
 
 @pytest.mark.slow
-def test_summed_loss_over_two_processes_and_micro_batches() -> None:
+class LeaveProcessGroup(L.Callback):
+    """Each spawned process leaves its process group when it is done, as ``mmtx-train`` does: left
+    to the interpreter's exit, gloo's threads can abort a process whose run succeeded."""
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        leave_process_group()
+
+
+def test_summed_loss_over_two_processes_and_micro_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     """The same on 2 processes (rows 0, 2, 4 .. and 1, 3, 5 ..): step 1 on rows 0-7 (7 kept,
     unevenly over processes and micro-batches), step 2 on rows 8-11 (2 kept, both on one process):
     the weights SGD reaches on those means, which a scale missing DDP's averaging would not."""
     kept = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0])
-    task, trainer, x, y, start = fit(12, kept, strategy="ddp_spawn", accelerator="cpu", devices=2)
+    monkeypatch.setenv("MASTER_PORT", str(free_ports(1)[0]))  # Lightning's own pick is an ephemeral port
+    task, trainer, x, y, start = fit(12, kept, strategy="ddp_spawn", accelerator="cpu", devices=2,
+                                     callbacks=[LeaveProcessGroup()])  # fmt: skip
     steps = [[i for i in range(8) if kept[i]], [i for i in range(8, 12) if kept[i]]]
     _, weights, last_loss = sgd_on_the_mean(start, x, y, steps)
     for got, want in zip(task.model.parameters(), weights, strict=True):  # rank 0's, sent back by Lightning

@@ -35,6 +35,8 @@ from tests.helpers import compose_train, train_in_process
 
 # the caption metric keys every command reports (INTERFACES.md)
 CAPTION_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr")
+# and on drawn scenes, the captions scored against the scene (relation_accuracy: when any relation is stated)
+SCENE_METRICS = ("correctness", "relation_accuracy", "relations_stated")
 
 # the shared run: 64 images x 5 captions in batches of 16 = 20 steps in its one epoch
 TRAIN = ["data.batch_size=16", "task.lr=3e-3", "trainer.log_every_n_steps=1"]
@@ -72,12 +74,11 @@ def logged(rows: list[dict[str, str]], key: str) -> list[tuple[int, float]]:
 
 
 def assert_caption_metrics(metrics: dict[str, Any]) -> None:
-    """Exactly the 7 caption metrics (plus caption ``correctness`` on shapes data), as finite floats."""
-    assert sorted(set(metrics) - {"correctness"}) == sorted(CAPTION_METRICS)
-    assert 0.0 <= metrics.get("correctness", 0.0) <= 1.0
+    """Exactly the 7 caption metrics (plus the scene scores on shapes data), as finite floats."""
+    assert sorted(set(metrics) - set(SCENE_METRICS)) == sorted(CAPTION_METRICS)
     for name, value in metrics.items():
         assert type(value) is float and math.isfinite(value), (name, value)
-        assert 0.0 <= value <= (10.0 if name == "CIDEr" else 1.0), (name, value)
+        assert 0.0 <= value <= {"CIDEr": 10.0, "relations_stated": math.inf}.get(name, 1.0), (name, value)
 
 
 def table_row(stdout: str, metric: str) -> list[str]:
@@ -450,7 +451,8 @@ def test_mmtx_eval_writes_official_formats(cli, evals: dict[str, Any], trained: 
     references = {r.image_id: list(r.captions) for r in val_records}
     recomputed = caption_metrics({p["image_id"]: p["caption"] for p in predictions}, references)
     assert {k: metrics[k] for k in recomputed} == pytest.approx(recomputed, rel=1e-9, abs=1e-12)
-    assert set(metrics) - set(recomputed) == {"correctness"}  # shapes data: captions checked against the scene
+    # shapes data: captions checked against the scene
+    assert {"correctness", "relations_stated"} <= set(metrics) - set(recomputed) <= set(SCENE_METRICS)
     # ... and the ones training reported for the same (final) weights
     assert metrics == pytest.approx(trained.metrics, rel=1e-6, abs=1e-9)
 

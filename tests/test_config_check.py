@@ -110,7 +110,7 @@ def test_the_pretrained_captioner_config_passes_and_a_missing_weights_file_is_na
         (["task=pretrain", "model.backbone.vision.patch_size=128"],
          "model.backbone.vision.image_size=64 (set by data.image_size) is smaller than model.backbone.vision.patch_size=128"),
         (["task=pretrain", "model.backbone.text.max_length=8"], "model.backbone.text.max_length=8 is shorter than data.max_length=24"),
-        (["task=pretrain", "task.objectives.mlm=0", "task.objectives.mpm=0", "task.objectives.itm=0"],
+        (["task=pretrain", *(f"task.objectives.{name}=0" for name in ("mlm", "mpm", "itm", "itc", "caption"))],
          "task.objectives: every loss weight (mlm, mpm, itm, itc, caption) is 0; set one > 0"),
         (["task=pretrain", "task.objectives.mask_prob=1.5"], "task.objectives.mask_prob=1.5 must be a number in [0, 1]"),
         (["task=pretrain", "model.itc_pool=max"], "model.itc_pool='max' must be one of cls, mean"),

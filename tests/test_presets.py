@@ -40,8 +40,8 @@ def test_cpu_preset_trains_in_bf16_only_where_the_cpu_has_it(monkeypatch: pytest
         monkeypatch.setattr(mmtx.hardware.torch.cpu, "_is_amx_tile_supported", lambda: native)
         cfg = compose_train([])
         assert cfg.trainer.precision == expected
-        # a GPU preset run on the CPU computes as the CPU preset does (issue 19: trainer=ddp
-        # trainer.accelerator=cpu evaluated in bf16 where trainer=cpu used fp32)
+        # a GPU preset run on the CPU computes as the CPU preset does (trainer=ddp
+        # trainer.accelerator=cpu must not evaluate in bf16 where trainer=cpu uses fp32)
         for preset in (["trainer=ddp", "trainer.accelerator=cpu"], ["trainer=gpu", "trainer.accelerator=cpu"],
                        ["trainer=ddp_cpu"], ["trainer=fsdp", "trainer.accelerator=cpu"]):  # fmt: skip
             assert compose_train(preset).trainer.precision == expected, preset
@@ -149,7 +149,7 @@ def test_shapes_presets_carry_their_data_settings_to_a_users_files(preset: str, 
         assert cfg.task.lr == 2e-3
 
 
-# README "On a GPU": the overrides that log images per second with Lightning's ThroughputMonitor
+# docs/gpu.md: the overrides that log images per second with Lightning's ThroughputMonitor
 THROUGHPUT = [
     "+callbacks.throughput._target_=lightning.pytorch.callbacks.ThroughputMonitor",
     "+callbacks.throughput.batch_size_fn._target_=hydra.utils.get_method",
@@ -159,7 +159,7 @@ THROUGHPUT = [
 
 
 def test_throughput_is_logged_and_a_run_without_validation_ends_cleanly(tiny: list[str], tmp_path: Path) -> None:
-    """The README's throughput overrides log images per second; ``trainer.limit_val_batches=0``
+    """docs/gpu.md's throughput overrides log images per second; ``trainer.limit_val_batches=0``
     (no validation: what a throughput run wants) trains, checkpoints and reports no metrics
     instead of failing after the fit."""
     import csv

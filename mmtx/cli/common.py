@@ -12,12 +12,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelSummary, ProgressBar
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from mmtx.callbacks import NonFiniteLossError
 from mmtx.checkpoint import CheckpointError
-from mmtx.config_check import ConfigError
+from mmtx.config_check import ConfigError, not_a_key
 from mmtx.data.bad_data import BadDataError
 from mmtx.data.annotations import AnnotationError
 from mmtx.data.images import ImageLoadError
@@ -50,10 +53,11 @@ USER_ERRORS = (
 )
 
 
-# what libraries print on every run that says nothing about it: Lightning's advertisements, a
-# deprecation inside Lightning's own code, and the checkpoint monitor's complaint before the first
-# validation (mmtx validates the final weights of every run), the model summary's size estimate
-_ADVERTS = ("💡 Tip:",)
+# what libraries print on every run that says nothing about it: Lightning's advertisements and its
+# note that the callbacks bring a model summary (mmtx's, in place of its own), a deprecation inside
+# Lightning's own code, and the checkpoint monitor's complaint before the first validation (mmtx
+# validates the final weights of every run), the model summary's size estimate
+_ADVERTS = ("💡 Tip:", "Trainer already configured with model summary callbacks")
 _NOISE = (
     r".*isinstance\(treespec, LeafSpec\)", r".*could not find the monitored key in the returned metrics",
     r"Precision .* is not supported by the model summary",
@@ -87,6 +91,78 @@ def friendly_errors(fn: Callable[[DictConfig], Any]) -> Callable[[DictConfig], A
         return result
 
     return wrapper
+
+
+def check_override_keys(config_name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a ``hydra.main`` app: a command-line override of a key that its config (conf/
+    ``config_name``.yaml) does not have, ``data.batchsize=8``, exits with one line per such key,
+    naming the closest key there is. Hydra's own message advises adding the key with ``+``,
+    which only moves the failure into the constructor the key is then given to."""
+
+    def decorate(app: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(app)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not args and not kwargs:  # from the command line, which Hydra reads from sys.argv
+                problems = unknown_override_keys(config_name, sys.argv[1:])
+                if problems:
+                    sys.exit("\n".join(f"mmtx: {p}" for p in problems))
+            return app(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def unknown_override_keys(config_name: str, argv: list[str]) -> list[str]:
+    """``KEY is not a key of PARENT (did you mean PARENT.CLOSEST?)`` for each override on the
+    command line ``argv`` that sets a key the composed config lacks. Nothing for a command line
+    that Hydra refuses for another reason (it says why), for a sweep's values (``-m seed=0,1``),
+    for ``--help``, or for another config directory or name."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    args, _ = get_args_parser().parse_known_args(argv)
+    if args.help or args.hydra_help or args.config_dir or args.config_path or args.config_name:
+        return []
+    try:
+        overrides = [o for o in OverridesParser.create().parse_overrides(args.overrides) if not o.is_sweep_override()]
+    except HydraException:
+        return []
+    unknown: list[str] = []
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        while True:  # each failed pass finds one unknown key; the next composes without its override
+            try:
+                cfg = compose(config_name, [o.input_line for o in overrides], return_hydra_config=True)
+                break
+            except Exception as e:  # an unknown key is reported here; anything else, by Hydra as usual
+                cause = e.__cause__ if isinstance(e, ConfigCompositionException) else None
+                key = cause.full_key if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) else ""
+                bad = [o for o in overrides if key and (o.key_or_group == key or o.key_or_group.startswith(key + "."))]
+                if not bad:  # another problem: Hydra reports it
+                    return []
+                overrides.remove(bad[0])
+                unknown.append(key)
+    problems = []
+    for key in unknown:
+        parent, _, name = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        if parent and node is None:  # e.g. data.test: null, which takes a whole {annotations, images}
+            problems.append(f"{key} is not a key of {parent}, which is null: give it whole, e.g. {parent}={{{name}:...}}")
+        else:
+            problems.append(not_a_key(key, list(node) if isinstance(node, DictConfig) else []))
+    return problems
+
+
+def callbacks_for(trainer: DictConfig, callbacks: DictConfig | None) -> list[Any]:
+    """The callbacks group's callbacks (`instantiate_dict`) less its progress bar and model summary
+    where ``trainer.enable_progress_bar=false`` or ``trainer.enable_model_summary=false`` turns them
+    off: Lightning refuses a progress bar beside the one, and runs a summary it is given whatever
+    the other says."""
+    off = tuple(kind for key, kind in (("enable_progress_bar", ProgressBar), ("enable_model_summary", ModelSummary))
+                if trainer.get(key) is False)
+    return [cb for cb in instantiate_dict(callbacks) if not (off and isinstance(cb, off))]
 
 
 def leave_process_group() -> None:

@@ -27,7 +27,7 @@ from PIL import Image
 
 from mmtx.attention_maps import caption_maps, overlay, question_maps
 from mmtx.checkpoint import CheckpointError, load_task
-from mmtx.cli.common import CONFIG_DIR, friendly_errors, image_size
+from mmtx.cli.common import CONFIG_DIR, check_override_keys, friendly_errors, image_size
 from mmtx.cli.vqa import model_inputs
 from mmtx.data.images import IMAGE_FORMATS, MAX_IMAGE_PIXELS, ImageLoadError, read_image
 from mmtx.data.transforms import build_resize, normalize_images
@@ -143,6 +143,7 @@ def _pick(label: str | None, overlays: list) -> Any:
     return overlays[min(int(label.split(".", 1)[0]) - 1, len(overlays) - 1)]
 
 
+@check_override_keys("demo")
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="demo")
 @friendly_errors
 def main(cfg: DictConfig) -> None:

@@ -11,7 +11,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from mmtx.checkpoint import CheckpointError, load_task
-from mmtx.cli.common import CONFIG_DIR, DATA_FILE_KEYS, friendly_errors, generation_override, to_container
+from mmtx.cli.common import (
+    CONFIG_DIR, DATA_FILE_KEYS, check_override_keys, friendly_errors, generation_override, to_container,
+)
 from mmtx.config_check import ConfigError, check_eval_config
 from mmtx.data.shards import shard_paths
 from mmtx.hardware import loader_workers
@@ -91,6 +93,7 @@ def _paths(key: str, value: str | list[str]) -> list[Path]:
     return shard_paths(value) if key == "shards" else [Path(value)]
 
 
+@check_override_keys("eval")
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="eval")
 @friendly_errors
 def main(cfg: DictConfig) -> None:

@@ -6,10 +6,11 @@ import hydra
 from omegaconf import DictConfig
 
 from mmtx.checkpoint import load_task
-from mmtx.cli.common import CONFIG_DIR, friendly_errors
+from mmtx.cli.common import CONFIG_DIR, check_override_keys, friendly_errors
 from mmtx.export import export_task
 
 
+@check_override_keys("export")
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="export")
 @friendly_errors
 def main(cfg: DictConfig) -> None:

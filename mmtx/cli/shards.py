@@ -11,7 +11,7 @@ import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from mmtx.cli.common import CONFIG_DIR, absolute_data_paths, friendly_errors, to_container
+from mmtx.cli.common import CONFIG_DIR, absolute_data_paths, check_override_keys, friendly_errors, to_container
 from mmtx.config_check import ConfigError, check_shards_config
 from mmtx.data.base import SPLITS
 from mmtx.data.shards.files import SHARD_LIST
@@ -57,6 +57,7 @@ def write(cfg: DictConfig) -> Path:
     return path
 
 
+@check_override_keys("shards")
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="shards")
 @friendly_errors
 def main(cfg: DictConfig) -> None:

@@ -19,7 +19,10 @@ from omegaconf import DictConfig
 
 from mmtx.callbacks import Preempted
 from mmtx.checkpoint import check_resume, init_from, read_checkpoint
-from mmtx.cli.common import CONFIG_DIR, absolute_data_paths, friendly_errors, instantiate_dict, log, to_container
+from mmtx.cli.common import (
+    CONFIG_DIR, absolute_data_paths, callbacks_for, check_override_keys, friendly_errors, instantiate_dict, log,
+    to_container,
+)
 from mmtx.config_check import check_train_config
 from mmtx.data.tokenizer import Tokenizer, spellings
 from mmtx.metrics.table import format_metrics_table
@@ -72,7 +75,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     track = L.pytorch.callbacks.LambdaCallback(
         on_validation_end=lambda tr, _: tr.sanity_checking or validated_at.append(tr.global_step)
     )
-    callbacks = [*instantiate_dict(cfg.get("callbacks")), track]
+    callbacks = [*callbacks_for(cfg.trainer, cfg.get("callbacks")), track]
     trainer = instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks)
     # Lightning reads the resumed checkpoint again: as plain data too
     trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=True)
@@ -135,6 +138,7 @@ def _new_tokens(start: dict, tokenizer: Tokenizer) -> dict[int, list[int]]:
     return added
 
 
+@check_override_keys("train")
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
 @friendly_errors
 def main(cfg: DictConfig) -> float | None:

@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from mmtx.attention_maps import attention_grid, question_maps, write_png
 from mmtx.checkpoint import CheckpointError, load_task
-from mmtx.cli.common import CONFIG_DIR, friendly_errors, image_size
+from mmtx.cli.common import CONFIG_DIR, check_override_keys, friendly_errors, image_size
 from mmtx.config_check import ConfigError
 from mmtx.data.images import read_image
 from mmtx.data.transforms import build_resize, normalize_images
@@ -38,6 +38,7 @@ def model_inputs(task: AnswerTask, pixels: torch.Tensor, questions: list[str]) -
     return normalize_images(pixels.to(task.device)), ids.to(task.device), mask.to(task.device)
 
 
+@check_override_keys("vqa")
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="vqa")
 @friendly_errors
 def main(cfg: DictConfig) -> None:

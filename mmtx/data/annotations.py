@@ -24,6 +24,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from mmtx.data.bad_data import listing
+from mmtx.file_modes import as_created
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,7 @@ def atomic_write_json(path: Path, document: Any) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(document, f, ensure_ascii=False)
+        as_created(tmp)  # mkstemp's 0o600: the mode open() would have given
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -44,6 +44,7 @@ from mmtx.data.transforms import build_pixels, normalize_images, random_shift
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
+PROBED_IMAGES = 20  # a split none of whose first this many images exists names the wrong image folder
 
 
 def split_files(splits: dict[str, dict | None], split: str, needed: tuple[str, ...]) -> dict:
@@ -69,6 +70,10 @@ class FileSplits:
     def has_split(self, split: str) -> bool:
         files = self.splits.get(split)
         return bool(files and files.get(self.index_file))
+
+    def image_folder(self, split: str) -> tuple[str, str] | None:
+        folder = (self.splits.get(split) or {}).get("images")
+        return (f"data.{split}.images", folder) if folder else None
 
 
 class ImageTextDataModule(L.LightningDataModule):
@@ -193,14 +198,27 @@ class ImageTextDataModule(L.LightningDataModule):
     def has_split(self, split: str) -> bool:
         return True
 
+    def image_folder(self, split: str) -> tuple[str, str] | None:
+        """(its config key, the folder) of the split's image folder, for a source that reads one."""
+        return None
+
     def records(self, split: str) -> list[Any]:
-        """The split's records, read and screened once (see the module docs)."""
+        """The split's records, read and screened once (see the module docs). A wrong image folder
+        is one line: one that does not exist, before the records are read; one that holds none of
+        the first `PROBED_IMAGES` images they list, before each is reported missing."""
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
         if split not in self._records:
+            folder = self.image_folder(split)
+            if folder is not None and not Path(folder[1]).is_dir():
+                key, path = folder
+                raise FileNotFoundError(f"{key}: folder {path} does not exist" if not Path(path).exists()
+                                        else f"{key}: {path} is a file, not a folder")
             skipped: list[str] = []
             limit = TextLimit(self.max_text_chars)
             records = self.load_records(split, skipped, limit)
+            if folder is not None and self.preflight_scan and self.on_bad_image == "error":
+                _check_images_found(split, records, *folder)
             for what, length in limit.cut:  # each file's count is logged by its reader
                 self.report.add(split, "truncated", what, f"{length} characters > data.max_text_chars={limit.max_chars}")
             self._records[split] = screen(split, records, skipped, self.on_bad_image, self.on_bad_annotation,
@@ -362,6 +380,19 @@ class ImageTextDataModule(L.LightningDataModule):
                 "%s split: %d of %d texts are longer than data.max_length=%d tokens and are cut "
                 "(the longest has %d)", split, len(long), len(items), self.max_length, max(n for _, n in long),
             )
+
+
+def _check_images_found(split: str, records: list[Any], key: str, folder: str) -> None:
+    """One line when none of the first `PROBED_IMAGES` images of ``records`` is in ``folder``
+    (config key ``key``): the wrong folder for the annotations, better said once than as a missing
+    file per image with the advice to skip them, which would leave out every one."""
+    first = [r.path for r in records[:PROBED_IMAGES]]
+    if first and all(isinstance(p, Path) and not p.exists() for p in first):
+        name = first[0].relative_to(folder) if first[0].is_relative_to(folder) else first[0]
+        raise FileNotFoundError(
+            f"{key}: none of the first {len(first)} images of the {split} split is in {folder} (e.g. {name}); "
+            "is it the folder of these annotations' images?"
+        )
 
 
 class ImageTextDataset(Dataset):

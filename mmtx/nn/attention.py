@@ -99,8 +99,8 @@ def sdpa(
     back-propagated through is computed in fp32.
 
     PyTorch's CPU attention kernels are fast in bf16 going forward but slow going backward, so
-    a bf16 training step of the small CPU models is faster with its attention in fp32 (README,
-    "Performance", has the figures and the command); forward-only attention (inference,
+    a bf16 training step of the small CPU models is faster with its attention in fp32 (docs/cpu.md
+    has the figures and the command); forward-only attention (inference,
     generation) stays in bf16. The upcast only adds precision; the result has the inputs' dtype.
     """
     if (

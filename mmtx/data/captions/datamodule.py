@@ -128,5 +128,8 @@ class KarpathyCaptions(CaptionDataModule):
         super().__init__(**kwargs)
         self.annotations, self.images = annotations, images
 
+    def image_folder(self, split: str) -> tuple[str, str] | None:
+        return ("data.images", self.images) if self.images else None
+
     def load_records(self, split: str, skipped: list[str], limit: TextLimit) -> list[CaptionRecord]:
         return read_karpathy(self.annotations, self.images, split, skipped=skipped, limit=limit)

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from mmtx.file_modes import as_created
+
 log = logging.getLogger(__name__)
 
 
@@ -41,6 +43,7 @@ def build_once(
     _check_replaceable(root, meta["format"], what)
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
+    as_created(staging)  # mkdtemp's 0o700: the mode mkdir() would have given the data set's folder
     start = time.perf_counter()
     try:
         build(staging, meta)

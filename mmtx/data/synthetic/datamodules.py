@@ -1,16 +1,19 @@
 """The embedded data sets as Lightning data modules: shapes scenes with captions or questions,
-drawn under ``root`` on first use and read back with the official-format readers."""
+and grid scenes with captions, drawn under ``root`` on first use and read back with the
+official-format readers."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from mmtx.data.annotations import TextLimit
 from mmtx.data.captions.datamodule import CaptionDataModule
 from mmtx.data.captions.files import read_coco_captions
-from mmtx.data.synthetic.shapes import Scene, caption_correctness, generate_shapes, shapes_val_scenes
+from mmtx.data.synthetic.grid import check_spec as grid_spec
+from mmtx.data.synthetic.grid import generate_grid, grid_scenes
+from mmtx.data.synthetic.shapes import ShapeScene, caption_scores, generate_shapes, shapes_val_scenes
 from mmtx.data.synthetic.shapes import check_spec as shapes_spec
 from mmtx.data.synthetic.shapes_vqa import check_spec as shapes_vqa_spec
 from mmtx.data.synthetic.shapes_vqa import generate_shapes_vqa
@@ -60,22 +63,46 @@ class GeneratedSplits:
         return self.read(*self.files()[split], skipped=skipped, limit=limit)
 
 
-class ShapesCaptions(GeneratedSplits, CaptionDataModule):
-    """The embedded default: procedurally drawn shapes scenes with five captions each."""
+class SceneCaptions(GeneratedSplits, CaptionDataModule):
+    """Drawn scenes with captions, whose generated captions are scored against the scenes:
+    ``scenes(root, split)`` recomputes the ground truth of a written split."""
 
-    generate, read, check = staticmethod(generate_shapes), staticmethod(read_coco_captions), staticmethod(shapes_spec)
+    scenes: Callable[[Path, str], Mapping[int, ShapeScene]]
 
     def __init__(self, root: str, *, captions_per_image: int = 5, **kwargs: Any) -> None:
         super().__init__(root, per_image={"captions_per_image": captions_per_image}, **kwargs)
-        self._scenes: dict[str, dict[int, Scene]] = {}  # ground truth of each split's images, by id
+        self._scenes: dict[str, Mapping[int, ShapeScene]] = {}  # ground truth of each split's images, by id
 
     def score_captions(self, split: str, predictions: dict[int, str]) -> dict[str, float]:
-        """``correctness``: the share of captions whose every stated shape, colour, size, count and
-        relation is true of the drawn scene (`mmtx.data.synthetic.shapes.caption_is_correct`)."""
-        if split not in self._scenes:  # drawn once per split, not at every validation
+        """`mmtx.data.synthetic.shapes.caption_scores`: ``correctness``, the share of captions
+        whose every stated shape, colour, size, count and relation is true of the drawn scene;
+        ``relation_accuracy``, the share of the relations they state between two of its shapes
+        that hold (absent when none is stated); ``relations_stated``, how many they state."""
+        if split not in self._scenes:  # recomputed once per split, not at every validation
             self.files()
-            self._scenes[split] = shapes_val_scenes(self.root, split)
-        return {"correctness": caption_correctness(predictions, self._scenes[split])}
+            self._scenes[split] = self.scenes(self.root, split)
+        return caption_scores(predictions, self._scenes[split])
+
+
+class ShapesCaptions(SceneCaptions):
+    """The embedded default: procedurally drawn shapes scenes with five captions each."""
+
+    generate, read, check = staticmethod(generate_shapes), staticmethod(read_coco_captions), staticmethod(shapes_spec)
+    scenes = staticmethod(shapes_val_scenes)
+
+
+def _generate_grid(root: Path, image_size: int, **spec: Any) -> dict[str, tuple[Path, ...]]:
+    """`generate_grid`, which draws each image at its own size: ``image_size`` is the reader's."""
+    return generate_grid(root, **spec)
+
+
+class GridCaptions(SceneCaptions):
+    """Grid scenes (`mmtx.data.synthetic.grid`) with five captions each: images of several sizes
+    and aspect ratios, squashed to ``image_size`` as they are read, and relations that follow a
+    3x3 grid; a second generator to measure a captioner tuned on the shapes scenes on."""
+
+    generate, read, check = staticmethod(_generate_grid), staticmethod(read_coco_captions), staticmethod(grid_spec)
+    scenes = staticmethod(grid_scenes)
 
 
 class ShapesVqa(GeneratedSplits, VqaDataModule):

@@ -12,9 +12,11 @@ captioner learns the task on a CPU in minutes.
 `generate_shapes` writes the data set in the official COCO captions format, so
 `read_coco_captions` serves it like any real data set. `Scene` keeps the ground truth of
 an image for tests and for generating VQA questions; `scenes_for` and `shapes_val_scenes`
-recompute it for a written data set, and `caption_correctness` scores a captioner's
-predictions against it: the share of captions that name every shape right and state only
-true relations (n-gram metrics such as CIDEr reward fluent but wrong captions too).
+recompute it for a written data set, and `caption_scores` scores a captioner's predictions
+against it: the share of captions that name every shape right and state only true relations
+(n-gram metrics such as CIDEr reward fluent but wrong captions too), and the share of the
+relations they state that hold. The scorer reads any `ShapeScene`, so the grid scenes
+(`mmtx.data.synthetic.grid`) share it.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import os
 import random
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import chain, permutations
 from pathlib import Path
@@ -88,6 +91,7 @@ _FORMAT = "mmtx-shapes"
 _FORMAT_VERSION = 1  # bump when drawing or captioning changes, so cached data sets are rebuilt
 _VAL_ID_BASE = 10_000_000  # val image ids start here: unique across splits and stable
 _ID_BASES = {"train": 0, "val": _VAL_ID_BASE}  # image id = base + index + 1
+SPLITS: tuple[str, ...] = tuple(_ID_BASES)  # the splits a drawn data set has (`drawn_images`)
 MAX_SPLIT_SIZE = _VAL_ID_BASE - 1  # the most images a split may have: train ids stay below val ones
 
 # Reading captions back (`caption_is_correct`): words in the generator's phrases, by meaning.
@@ -128,8 +132,24 @@ class Shape:
         return (x - self.half, y - self.half, x + self.half, y + self.half)
 
 
+class ShapeScene(ABC):
+    """What the caption scorer reads of a drawn scene: its shapes (colours unique per scene)
+    and where one stands relative to another."""
+
+    shapes: tuple[Shape, ...]
+
+    @abstractmethod
+    def relation(self, i: int, j: int) -> str | None:
+        """Where shape `i` is relative to shape `j` ("left", "right", "above", "below"), or None."""
+
+    def relations(self) -> list[tuple[int, str, int]]:
+        """All clear relations as (i, relation, j), both orders of each pair included."""
+        pairs = permutations(range(len(self.shapes)), 2)
+        return [(i, rel, j) for i, j in pairs if (rel := self.relation(i, j)) is not None]
+
+
 @dataclass(frozen=True)
-class Scene:
+class Scene(ShapeScene):
     """Ground truth of one image: its size and its shapes (colours are unique per scene)."""
 
     image_size: int
@@ -146,11 +166,6 @@ class Scene:
             return "above" if dy > 0 else "below"
         return None
 
-    def relations(self) -> list[tuple[int, str, int]]:
-        """All clear relations as (i, relation, j), both orders of each pair included."""
-        pairs = permutations(range(len(self.shapes)), 2)
-        return [(i, rel, j) for i, j in pairs if (rel := self.relation(i, j)) is not None]
-
 
 def draw_scene(
     rng: random.Random, image_size: int, num_captions: int = 5
@@ -161,7 +176,7 @@ def draw_scene(
     """
     check_int("image_size", image_size, MIN_IMAGE_SIZE)
     scene = _sample_scene(rng, image_size)
-    image = _render(scene, rng)
+    image = render(_background(rng, image_size), scene.shapes)
     return image, describe_scene(scene, rng, num_captions), scene
 
 
@@ -239,7 +254,7 @@ def scenes_for(split: str, count: int, image_size: int, seed: int) -> dict[int, 
     check_int("count", count, 0)
     check_int("image_size", image_size, MIN_IMAGE_SIZE)
     return {
-        _image_id(split, index): _sample_scene(_image_rng(_FORMAT, seed, split, index), image_size)
+        image_id_of(split, index): _sample_scene(image_rng(_FORMAT, seed, split, index), image_size)
         for index in range(count)
     }
 
@@ -257,7 +272,7 @@ def shapes_val_scenes(source: str | os.PathLike | Mapping[str, Any], split: str 
     return scenes_for(split, meta[f"num_{split}"], meta["image_size"], meta["seed"])
 
 
-def caption_is_correct(caption: str, scene: Scene) -> bool:
+def caption_is_correct(caption: str, scene: ShapeScene) -> bool:
     """Whether `caption` names every shape of `scene` once, each with its true size, colour
     and kind, and states only true relations, the way every generated caption does.
 
@@ -268,8 +283,8 @@ def caption_is_correct(caption: str, scene: Scene) -> bool:
     claim something (`_CLAIM_WORDS`) outside a complete phrase: "a red ball" or "an orange
     box" are wrong, as is a relation with no shape on one side.
     """
-    items = _parse_caption(caption)
-    if items is None:
+    items, stray = _parse_caption(caption)
+    if stray:
         return False
     index = {shape.color: k for k, shape in enumerate(scene.shapes)}  # colours are unique per scene
     named = [item for item in items if isinstance(item, _NounPhrase)]
@@ -279,11 +294,34 @@ def caption_is_correct(caption: str, scene: Scene) -> bool:
         shape = scene.shapes[index[phrase.color]]
         if (phrase.size, phrase.kind) != (shape.size, shape.kind):
             return False
-    return _relations_hold(items, scene, index)
+    return all(a is not None and b is not None and _holds(scene, index, a, rel, b) for a, rel, b in _stated(items))
 
 
-def caption_correctness(predictions: Mapping[int, str], scenes: Mapping[int, Scene]) -> float:
-    """The share (0..1) of predicted captions that `caption_is_correct` judges right.
+def relation_judgements(caption: str, scene: ShapeScene) -> list[bool]:
+    """Whether each relation `caption` states between two shapes of `scene` holds, in text order.
+
+    A relation counts when it stands between two noun phrases A ... r ... B (as
+    `caption_is_correct` reads them) whose colours name two different shapes of the scene,
+    whatever the rest of the caption says; it holds when ``scene.relation(A, B) == r``. A
+    relation with no shape on one side, or naming a colour the scene lacks, is not counted:
+    `caption_is_correct` judges those captions wrong anyway.
+    """
+    items, _ = _parse_caption(caption)
+    index = {shape.color: k for k, shape in enumerate(scene.shapes)}
+    return [
+        _holds(scene, index, a, rel, b) for a, rel, b in _stated(items)
+        if a is not None and b is not None and a.color in index and b.color in index and a.color != b.color
+    ]  # fmt: skip
+
+
+def caption_scores(predictions: Mapping[int, str], scenes: Mapping[int, ShapeScene]) -> dict[str, float]:
+    """How true predicted captions are of their drawn scenes.
+
+    ``correctness``: the share (0..1) of captions that `caption_is_correct` judges right;
+    ``relations_stated``: how many relations the captions state between two shapes of their
+    scene (`relation_judgements`); ``relation_accuracy``: the share (0..1) of those that hold,
+    absent when none is stated. A captioner that relates the right shapes on the right axis
+    but picks the side by chance scores about 0.5 there, however correct its nouns.
 
     `predictions` maps image ids to one caption each; `scenes` (e.g. `shapes_val_scenes`)
     must hold every predicted id and may hold more, so a partial evaluation can be scored.
@@ -298,7 +336,14 @@ def caption_correctness(predictions: Mapping[int, str], scenes: Mapping[int, Sce
         if not isinstance(caption, str):
             raise ValueError(f"predictions[{image_id!r}] must be a str, got {type(caption).__name__}")
     correct = sum(caption_is_correct(caption, scenes[image_id]) for image_id, caption in predictions.items())
-    return correct / len(predictions)
+    judged = [held for image_id, caption in predictions.items() for held in relation_judgements(caption, scenes[image_id])]
+    accuracy = {"relation_accuracy": sum(judged) / len(judged)} if judged else {}
+    return {"correctness": correct / len(predictions), **accuracy, "relations_stated": float(len(judged))}
+
+
+def caption_correctness(predictions: Mapping[int, str], scenes: Mapping[int, ShapeScene]) -> float:
+    """The share (0..1) of predicted captions that `caption_is_correct` judges right (`caption_scores`)."""
+    return caption_scores(predictions, scenes)["correctness"]
 
 
 def _id_base(split: str) -> int:
@@ -308,12 +353,12 @@ def _id_base(split: str) -> int:
     return _ID_BASES[split]
 
 
-def _image_id(split: str, index: int) -> int:
+def image_id_of(split: str, index: int) -> int:
     """The image id of the `index`-th image of `split`: unique across splits, never 0."""
     return _id_base(split) + index + 1
 
 
-def _image_rng(fmt: str, seed: int, split: str, index: int) -> random.Random:
+def image_rng(fmt: str, seed: int, split: str, index: int) -> random.Random:
     """The random stream the `index`-th image of `split` of a data set of format `fmt` is drawn
     from: its own, so the splits never share one and any image (or just its scene) can be redrawn alone."""
     return random.Random(f"{fmt}/{seed}/{split}/{index}")  # str seeds hash stably
@@ -326,7 +371,7 @@ def drawn_images(staging: Path, meta: Mapping[str, Any], desc: str) -> Iterator[
         for split in _ID_BASES:
             (staging / split).mkdir()
             for index in range(meta[f"num_{split}"]):
-                yield split, _image_id(split, index), _image_rng(meta["format"], meta["seed"], split, index)
+                yield split, image_id_of(split, index), image_rng(meta["format"], meta["seed"], split, index)
                 bar.update()
 
 
@@ -342,9 +387,7 @@ def _sample_scene(rng: random.Random, image_size: int) -> Scene:
             for _ in range(50):
                 x, y = (rng.uniform(half + 1, image_size - half - 1) for _ in range(2))
                 if all(_box_gap((x, y), half, s) >= _GAP_PX for s in shapes):
-                    jitter = (rng.randint(-_COLOR_JITTER, _COLOR_JITTER) for _ in range(3))
-                    rgb = tuple(min(255, max(0, c + d)) for c, d in zip(COLORS[color], jitter))
-                    shapes.append(Shape(kind, color, size, (x, y), half, rgb))
+                    shapes.append(Shape(kind, color, size, (x, y), half, drawn_rgb(color, rng)))
                     break
             else:
                 break
@@ -352,19 +395,25 @@ def _sample_scene(rng: random.Random, image_size: int) -> Scene:
             return Scene(image_size, tuple(shapes))
 
 
+def drawn_rgb(color: str, rng: random.Random) -> tuple[int, int, int]:
+    """The colour a shape named `color` is drawn in: the named one with a little jitter per channel."""
+    jitter = (rng.randint(-_COLOR_JITTER, _COLOR_JITTER) for _ in range(3))
+    return tuple(min(255, max(0, c + d)) for c, d in zip(COLORS[color], jitter))  # type: ignore[return-value]
+
+
 def _box_gap(center: tuple[float, float], half: float, other: Shape) -> float:
     """Empty space between a square box and `other`'s box along the axis that separates them."""
     return max(abs(center[0] - other.center[0]), abs(center[1] - other.center[1])) - half - other.half
 
 
-def _render(scene: Scene, rng: random.Random) -> Image.Image:
-    """Draw the shapes at `_SUPERSAMPLE`x on the background and box-downsample."""
+def render(background: np.ndarray, shapes: Iterable[Shape]) -> Image.Image:
+    """Draw `shapes` on `background` (H, W, 3 uint8, any aspect) at `_SUPERSAMPLE`x and
+    box-downsample: anti-aliased edges."""
     k = _SUPERSAMPLE
-    canvas = Image.fromarray(_background(rng, scene.image_size)).resize(
-        (scene.image_size * k, scene.image_size * k), Image.Resampling.NEAREST
-    )
+    height, width = background.shape[:2]
+    canvas = Image.fromarray(background).resize((width * k, height * k), Image.Resampling.NEAREST)
     draw = ImageDraw.Draw(canvas)
-    for shape in scene.shapes:
+    for shape in shapes:
         x0, y0, x1, y1 = (v * k for v in shape.box)
         if shape.kind == "circle":
             draw.ellipse((x0, y0, x1, y1), fill=shape.rgb)
@@ -391,10 +440,15 @@ def _background(rng: random.Random, size: int) -> np.ndarray:
     return np.clip(np.rint(pixels), 0, 255).astype(np.uint8)
 
 
-def _noun_phrase(shape: Shape, rng: random.Random) -> str:
+def noun_phrase(shape: Shape, rng: random.Random) -> str:
     """ "little red box": size, colour and kind, with synonyms, without an article."""
     size, kind = rng.choice(_SIZE_WORDS[shape.size]), rng.choice(_KIND_WORDS[shape.kind])
     return f"{size} {shape.color} {kind}"
+
+
+def relation_phrase(relation: str, rng: random.Random) -> str:
+    """ "to the left of": one of the phrases for `relation` ("left", "right", "above", "below")."""
+    return rng.choice(_RELATION_WORDS[relation])
 
 
 def _caption(scene: Scene, rng: random.Random, relation: tuple[int, str, int] | None) -> str:
@@ -406,8 +460,8 @@ def _caption(scene: Scene, rng: random.Random, relation: tuple[int, str, int] | 
     else:
         i, rel, j = relation
         shapes = [shapes[i], shapes[j]] + [s for k, s in enumerate(shapes) if k not in (i, j)]
-        template, rel_words = rng.choice(_RELATION_TEMPLATES[len(shapes)]), rng.choice(_RELATION_WORDS[rel])
-    return template.format(*(_noun_phrase(s, rng) for s in shapes), r=rel_words)
+        template, rel_words = rng.choice(_RELATION_TEMPLATES[len(shapes)]), relation_phrase(rel, rng)
+    return template.format(*(noun_phrase(s, rng) for s in shapes), r=rel_words)
 
 
 class _NounPhrase(NamedTuple):
@@ -418,11 +472,12 @@ class _NounPhrase(NamedTuple):
     kind: str
 
 
-def _parse_caption(caption: str) -> list[_NounPhrase | str] | None:
-    """The noun phrases and relations ("left", ...) of `caption` in text order, or None
-    when a claiming word stands outside a complete phrase."""
+def _parse_caption(caption: str) -> tuple[list[_NounPhrase | str], bool]:
+    """The noun phrases and relations ("left", ...) of `caption` in text order, and whether
+    a claiming word stands outside a complete phrase."""
     words = _WORD.findall(caption.lower())
     items: list[_NounPhrase | str] = []
+    stray = False
     i = 0
     while i < len(words):
         size, color, kind = (words[i:i + 3] + ["", "", ""])[:3]
@@ -434,30 +489,30 @@ def _parse_caption(caption: str) -> list[_NounPhrase | str] | None:
         if length:
             items.append(_RELATION_OF[tuple(words[i:i + length])])
             i += length
-        elif words[i] in _CLAIM_WORDS:
-            return None
         else:
+            stray = stray or words[i] in _CLAIM_WORDS
             i += 1
-    return items
+    return items, stray
 
 
-def _relations_hold(items: list[_NounPhrase | str], scene: Scene, index: dict[str, int]) -> bool:
-    """Whether every relation stands between two noun phrases A ... r ... B and is true of
-    their shapes; `index` maps a colour to its shape's position in `scene`."""
+def _stated(items: list[_NounPhrase | str]) -> Iterator[tuple[_NounPhrase | None, str, _NounPhrase | None]]:
+    """Each relation of a parsed caption as (A, r, B): the noun phrases before and after it,
+    None where there is none ("left of a big red ball": left of what?)."""
     subject: _NounPhrase | None = None
-    stated: list[str] = []  # relations since `subject`, to check against the next phrase
+    pending: list[str] = []  # relations since `subject`, waiting for the next phrase
     for item in items:
-        if not isinstance(item, _NounPhrase):
-            if subject is None:
-                return False  # "left of a big red ball": left of what?
-            stated.append(item)
-            continue
-        if subject is not None and any(
-            scene.relation(index[subject.color], index[item.color]) != rel for rel in stated
-        ):
-            return False
-        subject, stated = item, []
-    return not stated  # "a big red ball left of": a relation with no object
+        if isinstance(item, _NounPhrase):
+            yield from ((subject, rel, item) for rel in pending)
+            subject, pending = item, []
+        else:
+            pending.append(item)
+    yield from ((subject, rel, None) for rel in pending)
+
+
+def _holds(scene: ShapeScene, index: dict[str, int], a: _NounPhrase, rel: str, b: _NounPhrase) -> bool:
+    """Whether the shape coloured as `a` stands `rel` of the one coloured as `b` (`index`: colour -> shape)."""
+    i, j = index[a.color], index[b.color]
+    return i != j and scene.relation(i, j) == rel
 
 
 def _build(staging: Path, meta: dict[str, Any]) -> None:

@@ -243,10 +243,14 @@ def _locate_images(
 
 
 def _image_id(name: str, subtype: str | None) -> int | None:
-    """The image id a file name stands for (see the module docs), or None for other files."""
-    stem, suffix = os.path.splitext(name)
-    if suffix.lower() not in IMAGE_SUFFIXES:
-        return None
+    """The image id an image file's name stands for (see the module docs), or None for other files."""
+    return image_id_from_name(name, subtype) if os.path.splitext(name)[1].lower() in IMAGE_SUFFIXES else None
+
+
+def image_id_from_name(name: str, subtype: str | None = None) -> int | None:
+    """The COCO image id a file name stands for, or None: ``COCO_val2014_000000123456.jpg``
+    (with ``subtype`` given, of that one only) or the bare id, ``000000123456.jpg``, ``123456.png``."""
+    stem = os.path.splitext(name)[0]
     if re.fullmatch(r"[0-9]+", stem):
         return int(stem)
     coco = re.fullmatch(r"COCO_(.+)_([0-9]{12})", stem)
