@@ -56,9 +56,8 @@ from mmtx.data.synthetic.shapes import (
     drawn_rgb,
     image_id_of,
     image_rng,
-    noun_phrase,
-    relation_phrase,
     render,
+    templated_caption,
 )
 
 ASPECTS: tuple[tuple[int, int], ...] = ((1, 1), (4, 3), (3, 4), (16, 9))  # width : height
@@ -138,7 +137,8 @@ def describe_grid_scene(scene: GridScene, rng: random.Random, num_captions: int 
     attempts = 0
     while len(captions) < num_captions:
         attempts += 1
-        caption = _caption(scene, rng, rng.choice(relations) if relations else None)
+        relation = rng.choice(relations) if relations else None
+        caption = templated_caption(scene, rng, relation, _PLAIN_TEMPLATES, _RELATION_TEMPLATES)
         if caption not in captions or attempts > 40 * num_captions:  # few variants: allow repeats
             captions.append(caption)
     return captions
@@ -219,19 +219,6 @@ def _background(rng: random.Random, width: int, height: int) -> np.ndarray:
         t = t[None, :, None] if across else t[:, None, None]
         pixels = np.broadcast_to(first + (second - first) * t, (height, width, 3))
     return np.rint(pixels).astype(np.uint8)
-
-
-def _caption(scene: GridScene, rng: random.Random, relation: tuple[int, str, int] | None) -> str:
-    """One caption naming every shape; states `relation` (i, rel, j) when given."""
-    shapes = list(scene.shapes)
-    if relation is None:
-        rng.shuffle(shapes)
-        template, rel_words = rng.choice(_PLAIN_TEMPLATES[len(shapes)]), ""
-    else:
-        i, rel, j = relation
-        shapes = [shapes[i], shapes[j]] + [s for k, s in enumerate(shapes) if k not in (i, j)]
-        template, rel_words = rng.choice(_RELATION_TEMPLATES[len(shapes)]), relation_phrase(rel, rng)
-    return template.format(*(noun_phrase(s, rng) for s in shapes), r=rel_words)
 
 
 def _build(staging: Path, meta: dict[str, Any]) -> None:

@@ -192,7 +192,7 @@ def describe_scene(scene: Scene, rng: random.Random, num_captions: int = 5) -> l
     while len(captions) < num_captions:  # every template set has captions short enough
         attempts += 1
         with_relation = bool(relations) and (not captions or rng.random() < 0.6)
-        caption = _caption(scene, rng, rng.choice(relations) if with_relation else None)
+        caption = templated_caption(scene, rng, rng.choice(relations) if with_relation else None)
         unique = caption not in captions or attempts > 40 * num_captions  # few variants: allow repeats
         if unique and len(caption.split()) <= MAX_CAPTION_WORDS:
             captions.append(caption)
@@ -451,16 +451,23 @@ def relation_phrase(relation: str, rng: random.Random) -> str:
     return rng.choice(_RELATION_WORDS[relation])
 
 
-def _caption(scene: Scene, rng: random.Random, relation: tuple[int, str, int] | None) -> str:
-    """One caption naming every shape; states `relation` (i, rel, j) when given."""
+def templated_caption(
+    scene: ShapeScene,
+    rng: random.Random,
+    relation: tuple[int, str, int] | None,
+    plain: Mapping[int, tuple[str, ...]] = _PLAIN_TEMPLATES,
+    relational: Mapping[int, tuple[str, ...]] = _RELATION_TEMPLATES,
+) -> str:
+    """One caption naming every shape, from a template for the scene's number of shapes; states
+    `relation` (i, rel, j) when given: shape i goes to ``{0}``, j to ``{1}``, the phrase to ``{r}``."""
     shapes = list(scene.shapes)
     if relation is None:
         rng.shuffle(shapes)
-        template, rel_words = rng.choice(_PLAIN_TEMPLATES[len(shapes)]), ""
+        template, rel_words = rng.choice(plain[len(shapes)]), ""
     else:
         i, rel, j = relation
         shapes = [shapes[i], shapes[j]] + [s for k, s in enumerate(shapes) if k not in (i, j)]
-        template, rel_words = rng.choice(_RELATION_TEMPLATES[len(shapes)]), relation_phrase(rel, rng)
+        template, rel_words = rng.choice(relational[len(shapes)]), relation_phrase(rel, rng)
     return template.format(*(noun_phrase(s, rng) for s in shapes), r=rel_words)
 
 
