@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 TASKS = {  # task -> (mmtx-train arguments, metrics to report, the metric that is plotted)
-    "caption": ([], ["CIDEr", "BLEU-4", "correctness"], "correctness"),  # CIDEr saturates early on shapes
+    "caption": ([], ["CIDEr", "BLEU-4", "correctness", "relation_accuracy", "relations_stated"], "correctness"),  # CIDEr saturates early on shapes
     "pretrain": (["experiment=pretrain_shapes"], ["itm_accuracy", "i2t_R@1", "t2i_R@1", "i2t_R@5", "t2i_R@5"],
                  "itm_accuracy"),
     "vqa": (["experiment=vqa_shapes"], ["accuracy", "yes/no", "number", "other"], "accuracy"),
