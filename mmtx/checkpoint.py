@@ -13,6 +13,7 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
+from mmtx.checkpoint_keys import DATA_KEY, TASK_KEY
 from mmtx.data.bad_data import listing
 from mmtx.export import task_from_export
 from mmtx.stored_config import (
@@ -28,9 +29,6 @@ from mmtx.stored_config import (
 )
 
 log = logging.getLogger(__name__)
-
-TASK_KEY = "mmtx_task"  # the task class's import path, written into every checkpoint
-DATA_KEY = "mmtx_data"  # the resolved data config the task was trained on
 
 
 class CheckpointError(RuntimeError):

@@ -42,6 +42,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from mmtx.checkpoint import read_checkpoint, rebuild_task
+from mmtx.config_error import ConfigError
 from mmtx.data.bad_data import POLICIES
 from mmtx.data.base import SPLITS
 from mmtx.data.tokenizer import Tokenizer
@@ -80,10 +81,6 @@ _TASK_RULES = {  # checked where the task has the key
     "num_answers": _positive_int, "rerank": _positive_int,
     "num_samples": _non_negative_int, "retrieval_images": _non_negative_int,
 }
-
-
-class ConfigError(ValueError):
-    """A config value that cannot work; the message names the key and the values allowed."""
 
 
 def check_train_config(cfg: DictConfig) -> None:

@@ -1,17 +1,17 @@
 """A CPU speed-up for decoding: linear layers fed few rows computed as ``(W @ x.T).T``.
 
 A decoding step feeds one token per sequence, so each of its products has as many rows as there
-are sequences (1-4 when captioning one image, with beams). For such shapes MKL's fp32 GEMM is
+are sequences (one per beam when captioning one image). For such shapes MKL's fp32 GEMM is
 faster with the weight as the left operand, and its matrix-vector kernel (one row) is slower than
 the same product on two rows. The models keep plain ``nn.Linear``; :func:`few_row_products` is a
 ``TorchFunctionMode`` that generation enters, rerouting only the ``F.linear`` calls it pays for
 (fp32 on the CPU, outside autocast, at most ``MAX_ROWS`` rows) and leaving every other call alone.
 The result is the same product; ``scripts/bench_linear.py`` measures what it gains (docs/cpu.md).
 
-Whether it pays depends on the CPU: it did where torch runs AVX-512 kernels (an AMD EPYC with
-AVX512-BF16, a Xeon with AMX) and slowed one-image decoding where it runs AVX2 ones (an AMD EPYC
-without AVX-512: the 1-row products and the mode's per-call dispatch cost more than the few-row
-products gain). `pays_on_this_cpu` is that rule, generation's default.
+Whether it pays depends on the CPU: it does where torch runs AVX-512 kernels; where it runs AVX2
+ones, the 1-row products and the mode's per-call dispatch cost more than the few-row products
+gain (docs/cpu.md, "Few-row products", has the CPUs and the command). `pays_on_this_cpu` is that
+rule, generation's default.
 """
 
 from __future__ import annotations

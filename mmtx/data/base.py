@@ -23,6 +23,7 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
+from mmtx.config_error import ConfigError
 from mmtx.data.annotations import MAX_TEXT_CHARS, TextLimit
 from mmtx.data.bad_data import (
     DECODE_HINT,
@@ -309,8 +310,6 @@ class ImageTextDataModule(L.LightningDataModule):
 
     def _no_full_batch(self, examples: int, world_size: int) -> None:
         """Refuse a training split too small for one full batch: it would train 0 steps and look done."""
-        from mmtx.config_check import ConfigError  # imported here: config_check imports this module
-
         processes = f" per process ({world_size} processes)" if world_size > 1 else ""
         raise ConfigError(
             f"data.batch_size={self.batch_size}: the training split has {examples} examples, not one full "

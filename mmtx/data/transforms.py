@@ -17,8 +17,7 @@ from collections.abc import Sequence
 import torch
 from torchvision.transforms import InterpolationMode, v2
 
-IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
-IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
+from mmtx.nn.pixels import IMAGENET_MEAN, IMAGENET_STD
 
 
 def build_transforms(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from mmtx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from mmtx.nn.pixels import IMAGENET_MEAN, IMAGENET_STD
 
 
 def patchify(images: Tensor, patch_size: int) -> Tensor:

@@ -217,7 +217,7 @@ class Attention(nn.Module):
                 k, v = cache.k, cache.v  # computed once per image
             elif cache is not None:
                 # kept contiguous, (2, B, H, S, Dh) in one copy: every later decoding step reads
-                # them whole, and strided rows cost those reads 3-20% (more in bf16)
+                # them whole, and strided rows would slow each of those reads
                 k, v = self._heads(self.kv(context), 2).contiguous().unbind(0)
                 cache.store(k, v)
             else:

@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import FSDPStrategy
 
-from mmtx.checkpoint import DATA_KEY, TASK_KEY
+from mmtx.checkpoint_keys import DATA_KEY, TASK_KEY
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.generation import GenerationConfig
 from mmtx.tasks.optim import build_optimizer

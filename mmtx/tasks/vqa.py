@@ -125,7 +125,8 @@ class AnswerTask(Task):
 
 
 class VqaTask(AnswerTask):
-    """Trains a :class:`~mmtx.models.vqa.VqaClassifier` with BCE on the official soft scores.
+    """Trains a :class:`~mmtx.models.vqa.VqaClassifier` on the official soft scores with the loss its
+    config selects (``loss``: a softmax over the answers, or BCE per answer).
 
     Args:
         model: the classifier's config; the text stream's vocabulary and ``num_answers`` are
