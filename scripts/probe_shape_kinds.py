@@ -35,7 +35,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mmtx.checkpoint import load_task
-from mmtx.data.synthetic.shapes import KINDS, draw_scene
+from mmtx.data.synthetic.scenes import KINDS
+from mmtx.data.synthetic.shapes import draw_scene
 from mmtx.data.transforms import build_transforms
 from mmtx.hardware import cpu_has_native_bf16
 

@@ -20,7 +20,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from mmtx.data.synthetic.shapes import COLORS, KINDS, SIZES
+from mmtx.data.synthetic.scenes import COLORS, KINDS, SIZES
 from mmtx.data.vqa.files import read_vqa
 from mmtx.metrics.vqa import vqa_accuracy
 

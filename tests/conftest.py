@@ -1,4 +1,5 @@
-"""Shared fixtures: a hermetic environment for the command-line apps and tiny run settings."""
+"""Shared fixtures: a hermetic environment for the command-line apps, tiny run settings, and one
+tiny captioner trained for the tests of what a run writes and of the inference commands."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.helpers import Run
 
 # A captioner of ~40k parameters on 32-px shapes scenes: trains in seconds on a CPU.
 TINY_MODEL = [
@@ -142,3 +147,27 @@ def repo_on_path(monkeypatch):
     """Subprocesses can import ``tests.helpers`` (for the test-only fault callbacks)."""
     repo = Path(__file__).resolve().parents[1]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])))
+
+
+# Every mmtx-train run costs seconds of Java for the official metrics (validation, baseline): the
+# command-line tests share one trained captioner. Imports inside: this file stays free of torch.
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory: pytest.TempPathFactory, tiny: list[str]) -> Run:
+    """One tiny captioner trained in-process through the compose API (CSV logs), shared by the tests."""
+    from tests.helpers import TRAIN, Run, train_in_process
+
+    out = tmp_path_factory.mktemp("trained")
+    metrics = train_in_process([*tiny, *TRAIN, "logger=csv", "trainer.max_epochs=1", f"paths.output_dir={out}"])
+    return Run(out, metrics)
+
+
+@pytest.fixture(scope="session")
+def val_records(trained: Run):
+    """The shapes val split the shared run was validated on (from the checkpoint's data config)."""
+    from mmtx.checkpoint import DATA_KEY, read_checkpoint
+    from mmtx.data.captions import read_coco_captions
+
+    root = Path(read_checkpoint(trained.last)[DATA_KEY]["root"])
+    return read_coco_captions(root / "captions_val.json", root / "val")

@@ -1,11 +1,17 @@
 """Tiny models and test-only pieces shared by the tests."""
 
+import csv
+import json
+import math
 import os
 import signal as signal_module
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
+from PIL import Image
 
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.models import CaptionDecoder, ImageCaptioner, VisionEncoder
@@ -175,3 +181,62 @@ def write_gpt2(path: Path, transformers, texts: list[str]) -> Tokenizer:
     torch.manual_seed(0)
     transformers.GPT2LMHeadModel(config).save_pretrained(path)
     return Tokenizer.from_file(path)
+
+
+# --- the command-line tests' shared run (fixture ``trained``) and what runs write ---------------
+
+# the caption metric keys every command reports (INTERFACES.md)
+CAPTION_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr")
+# and on drawn scenes, the captions scored against the scene (relation_accuracy: when any relation is stated)
+SCENE_METRICS = ("correctness", "relation_accuracy", "relations_stated")
+
+# the shared run: 64 images x 5 captions in batches of 16 = 20 steps in its one epoch
+TRAIN = ["data.batch_size=16", "task.lr=3e-3", "trainer.log_every_n_steps=1"]
+STEPS_PER_EPOCH = 64 * 5 // 16
+
+
+@dataclass
+class Run:
+    dir: Path
+    metrics: dict[str, float]
+
+    @property
+    def last(self) -> Path:
+        return self.dir / "checkpoints" / "last.ckpt"
+
+    def summary(self) -> dict[str, Any]:
+        return json.loads((self.dir / "metrics.json").read_text())
+
+
+def csv_rows(run_dir: Path) -> list[dict[str, str]]:
+    """The rows of the (only) CSVLogger metrics file of a run."""
+    (path,) = run_dir.glob("csv/version_*/metrics.csv")
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def logged(rows: list[dict[str, str]], key: str) -> list[tuple[int, float]]:
+    """(step, value) of every row of a CSV log where ``key`` was logged."""
+    return [(int(r["step"]), float(r[key])) for r in rows if r.get(key)]
+
+
+def assert_caption_metrics(metrics: dict[str, Any]) -> None:
+    """Exactly the 7 caption metrics (plus the scene scores on shapes data), as finite floats."""
+    assert sorted(set(metrics) - set(SCENE_METRICS)) == sorted(CAPTION_METRICS)
+    for name, value in metrics.items():
+        assert type(value) is float and math.isfinite(value), (name, value)
+        assert 0.0 <= value <= {"CIDEr": 10.0, "relations_stated": math.inf}.get(name, 1.0), (name, value)
+
+
+def table_row(stdout: str, metric: str) -> list[str]:
+    """The cells of ``metric``'s row in a printed metrics table."""
+    rows = [line.split() for line in stdout.splitlines() if line.split()[:1] == [metric]]
+    assert len(rows) == 1, f"no single {metric} row in:\n{stdout}"
+    return rows[0]
+
+
+def copy_images(sources: list[Path], folder: Path, names: list[str]) -> None:
+    """Copy images under new names (converting by extension, e.g. a .jpg from a PNG)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for src, name in zip(sources, names):
+        Image.open(src).convert("RGB").save(folder / name)

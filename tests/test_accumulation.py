@@ -14,8 +14,7 @@ from mmtx.checkpoint import read_checkpoint
 from mmtx.cli.common import leave_process_group
 from mmtx.tasks.base import Task
 from tests.conftest import free_ports
-from tests.helpers import TINY_TWO_STREAM
-from tests.test_cli import csv_rows, logged
+from tests.helpers import TINY_TWO_STREAM, csv_rows, logged
 
 STEPS = 6
 RUN = [

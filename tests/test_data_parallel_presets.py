@@ -11,8 +11,7 @@ import torch
 from torch import nn
 
 from mmtx.checkpoint import read_checkpoint
-from tests.helpers import TINY_TWO_STREAM, train_in_process
-from tests.test_cli import csv_rows, logged
+from tests.helpers import TINY_TWO_STREAM, csv_rows, logged, train_in_process
 
 
 class NoParameterWithoutGradient(L.Callback):

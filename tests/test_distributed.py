@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mmtx.checkpoint import read_checkpoint
-from tests.test_cli import csv_rows, logged
+from tests.helpers import csv_rows, logged
 
 # 21 validation images: not divisible by 2 processes (or by the evaluation batch of 4)
 DATA = ["data.num_train=40", "data.num_val=21", "data.eval_batch_size=4"]

@@ -32,10 +32,11 @@ from mmtx.data.synthetic.grid import (
     image_dims,
     scenes_for,
 )
-from mmtx.data.synthetic.shapes import COLORS, Shape, caption_is_correct, caption_scores, relation_judgements
+from mmtx.data.synthetic.scenes import _RELATION_WORDS, COLORS, Shape
+from mmtx.data.synthetic.scoring import _CLAIM_WORDS, caption_is_correct, caption_scores, relation_judgements
 from tests.helpers import compose_train
 
-RELATION_WORDS = {phrase: rel for rel, phrases in shapes._RELATION_WORDS.items() for phrase in phrases}
+RELATION_WORDS = {phrase: rel for rel, phrases in _RELATION_WORDS.items() for phrase in phrases}
 RELATION = re.compile(rf"\b({'|'.join(sorted(RELATION_WORDS, key=len, reverse=True))})\b")  # longest first
 OPPOSITE = {"left": "right", "right": "left", "above": "below", "below": "above"}
 
@@ -44,7 +45,7 @@ def _swapped(caption: str) -> str:
     """`caption` with its (first) relation turned around: "left of" -> "to the right of"."""
     stated = RELATION.search(caption)
     assert stated is not None, caption
-    opposite = shapes._RELATION_WORDS[OPPOSITE[RELATION_WORDS[stated.group(1)]]][0]
+    opposite = _RELATION_WORDS[OPPOSITE[RELATION_WORDS[stated.group(1)]]][0]
     return caption[:stated.start()] + opposite + caption[stated.end():]
 
 
@@ -157,7 +158,7 @@ def test_vocabulary_is_the_shapes_scenes_own_in_other_templates() -> None:
     words = {word for _, captions in _described(400, seed=3) for c in captions for word in c.split()}
     shapes_words = {word for _, captions, _ in (shapes.draw_scene(random.Random(k), 32) for k in range(200))
                     for c in captions for word in c.split()}  # fmt: skip
-    claims = shapes._CLAIM_WORDS
+    claims = _CLAIM_WORDS
     assert words & claims == shapes_words & claims  # the same colours, sizes, kinds and relations
     assert words - shapes_words  # in templates the shapes scenes lack ("sits", "we see", ...)
 

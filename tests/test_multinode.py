@@ -19,7 +19,7 @@ import yaml
 
 from mmtx.checkpoint import read_checkpoint
 from tests.conftest import free_ports
-from tests.test_cli import logged
+from tests.helpers import logged
 from tests.test_readme import DOCS, code_blocks, section
 
 REPO = Path(__file__).resolve().parents[1]

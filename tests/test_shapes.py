@@ -16,12 +16,11 @@ from PIL import Image
 
 from mmtx.data.captions import read_coco_captions
 from mmtx.data.synthetic import shapes
+from mmtx.data.synthetic.scenes import _RELATION_WORDS, _VAL_ID_BASE, COLORS, Shape
+from mmtx.data.synthetic.scoring import caption_correctness, caption_is_correct
 from mmtx.data.synthetic.shapes import (
-    COLORS,
     MAX_CAPTION_WORDS,
     Scene,
-    caption_correctness,
-    caption_is_correct,
     draw_scene,
     generate_shapes,
     scenes_for,
@@ -100,13 +99,13 @@ def test_captions_are_grounded_in_the_scene() -> None:
 
 
 def test_ambiguous_diagonal_has_no_relation() -> None:
-    shape = shapes.Shape("circle", "red", "small", (10.0, 10.0), 4.0, (220, 40, 40))
-    diagonal = Scene(64, (shape, shapes.Shape("square", "blue", "small", (40.0, 35.0), 4.0, (50, 90, 235))))
+    shape = Shape("circle", "red", "small", (10.0, 10.0), 4.0, (220, 40, 40))
+    diagonal = Scene(64, (shape, Shape("square", "blue", "small", (40.0, 35.0), 4.0, (50, 90, 235))))
     assert diagonal.relation(0, 1) is None and diagonal.relations() == []
     rng = random.Random(0)
     assert not any(STATED_RELATION.search(c) for c in shapes.describe_scene(diagonal, rng, 5))
 
-    beside = Scene(64, (shape, shapes.Shape("square", "blue", "small", (40.0, 14.0), 4.0, (50, 90, 235))))
+    beside = Scene(64, (shape, Shape("square", "blue", "small", (40.0, 14.0), 4.0, (50, 90, 235))))
     assert beside.relations() == [(0, "left", 1), (1, "right", 0)]
 
 
@@ -211,7 +210,7 @@ def _mutations(caption: str, scene: Scene) -> dict[str, str]:
     if others:
         mutated["another shape's colour"] = caption[:start] + f"{size} {others[0]} {kind}" + caption[end:]
     if stated := re.search(rf"\b({RELATION})\b", caption):
-        swapped = shapes._RELATION_WORDS[OPPOSITE[RELATION_WORDS[stated.group(1)]]][0]
+        swapped = _RELATION_WORDS[OPPOSITE[RELATION_WORDS[stated.group(1)]]][0]
         mutated["swapped relation"] = caption[:stated.start()] + swapped + caption[stated.end():]
         mutated["dangling relation"] = caption[:stated.end()]
     return mutated
@@ -220,9 +219,9 @@ def _mutations(caption: str, scene: Scene) -> dict[str, str]:
 def _scene_of_three() -> Scene:
     """Red left of blue, green above blue, red and green on a diagonal (no relation)."""
     return Scene(64, (
-        shapes.Shape("circle", "red", "large", (10.0, 30.0), 9.0, (220, 40, 40)),
-        shapes.Shape("square", "blue", "small", (50.0, 30.0), 4.0, (50, 90, 235)),
-        shapes.Shape("triangle", "green", "small", (50.0, 5.0), 4.0, (40, 175, 60)),
+        Shape("circle", "red", "large", (10.0, 30.0), 9.0, (220, 40, 40)),
+        Shape("square", "blue", "small", (50.0, 30.0), 4.0, (50, 90, 235)),
+        Shape("triangle", "green", "small", (50.0, 5.0), 4.0, (40, 175, 60)),
     ))  # fmt: skip
 
 
@@ -284,7 +283,7 @@ def test_caption_is_correct_agrees_with_the_phrase_regex(words: list[str]) -> No
 
 
 def test_scenes_for_recomputes_the_drawn_scenes() -> None:
-    for split, base in (("train", 0), ("val", shapes._VAL_ID_BASE)):
+    for split, base in (("train", 0), ("val", _VAL_ID_BASE)):
         recomputed = scenes_for(split, 20, 48, seed=4)
         assert list(recomputed) == [base + index + 1 for index in range(20)]
         for index in range(20):
@@ -307,7 +306,7 @@ def test_written_references_are_correct_for_their_recomputed_scenes(tmp_path: Pa
         assert shapes_val_scenes(meta, split) == scenes
         assert sorted(scenes) == sorted(r.image_id for r in records)
         assert all(caption_is_correct(c, scenes[r.image_id]) for r in records for c in r.captions)
-    assert sorted(shapes_val_scenes(root)) == [shapes._VAL_ID_BASE + i for i in (1, 2, 3)]  # val by default
+    assert sorted(shapes_val_scenes(root)) == [_VAL_ID_BASE + i for i in (1, 2, 3)]  # val by default
     with pytest.raises(ValueError, match="version"):
         shapes_val_scenes({**meta, "version": meta["version"] + 1})
     with pytest.raises(ValueError, match="split"):

@@ -15,7 +15,8 @@ from PIL import Image
 
 from mmtx.data.annotations import AnnotationError
 from mmtx.data.synthetic import shapes_vqa
-from mmtx.data.synthetic.shapes import COLORS, Scene, Shape, draw_scene
+from mmtx.data.synthetic.scenes import COLORS, Shape
+from mmtx.data.synthetic.shapes import Scene, draw_scene
 from mmtx.data.synthetic.shapes_vqa import ANSWERS_PER_QUESTION, ask_about_scene, generate_shapes_vqa
 from mmtx.data.vqa import VqaRecord, read_vqa, write_vqa
 from mmtx.metrics.vqa import question_accuracy

@@ -13,8 +13,10 @@ from mmtx.data.captions.datamodule import CaptionDataModule
 from mmtx.data.captions.files import read_coco_captions
 from mmtx.data.synthetic.grid import check_spec as grid_spec
 from mmtx.data.synthetic.grid import generate_grid, grid_scenes
-from mmtx.data.synthetic.shapes import ShapeScene, caption_scores, generate_shapes, shapes_val_scenes
+from mmtx.data.synthetic.scenes import ShapeScene
+from mmtx.data.synthetic.scoring import caption_scores
 from mmtx.data.synthetic.shapes import check_spec as shapes_spec
+from mmtx.data.synthetic.shapes import generate_shapes, shapes_val_scenes
 from mmtx.data.synthetic.shapes_vqa import check_spec as shapes_vqa_spec
 from mmtx.data.synthetic.shapes_vqa import generate_shapes_vqa
 from mmtx.data.vqa.datamodule import VqaDataModule
@@ -74,7 +76,7 @@ class SceneCaptions(GeneratedSplits, CaptionDataModule):
         self._scenes: dict[str, Mapping[int, ShapeScene]] = {}  # ground truth of each split's images, by id
 
     def score_captions(self, split: str, predictions: dict[int, str]) -> dict[str, float]:
-        """`mmtx.data.synthetic.shapes.caption_scores`: ``correctness``, the share of captions
+        """`mmtx.data.synthetic.scoring.caption_scores`: ``correctness``, the share of captions
         whose every stated shape, colour, size, count and relation is true of the drawn scene;
         ``relation_accuracy``, the share of the relations they state between two of its shapes
         that hold (absent when none is stated); ``relations_stated``, how many they state."""

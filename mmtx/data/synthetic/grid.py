@@ -19,9 +19,10 @@ every caption states the relation of such a pair, drawn at random and phrased fr
 ("a small red circle to the left of a large blue square", "the big blue box is right of the tiny
 red ball"); a third shape is named first or in a clause of its own, never after the relation's
 object. A scene without a related pair gets captions that name its shapes only. Every caption
-names every shape with its size, colour and kind, in the shapes scenes' words, so their scorer
-(`mmtx.data.synthetic.shapes.caption_scores`) reads these captions too; the templates and orders
-differ, so a captioner tuned on the shapes scenes is tested on binding, not on vocabulary.
+names every shape with its size, colour and kind, in the shapes scenes' words
+(`mmtx.data.synthetic.scenes`), so their scorer (`mmtx.data.synthetic.scoring.caption_scores`)
+reads these captions too; the templates and orders differ, so a captioner tuned on the shapes
+scenes is tested on binding, not on vocabulary.
 
 `generate_grid` writes the data set in the official COCO captions format, as `generate_shapes`
 does; `scenes_for` and `grid_scenes` recompute the ground truth of a written one.
@@ -43,7 +44,7 @@ from PIL import Image
 
 from mmtx.data.captions.files import CaptionRecord, write_coco_captions
 from mmtx.data.synthetic.build import build_once
-from mmtx.data.synthetic.shapes import (
+from mmtx.data.synthetic.scenes import (
     COLORS,
     KINDS,
     MAX_SPLIT_SIZE,

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from mmtx.data.synthetic.build import build_once
-from mmtx.data.synthetic.shapes import COLORS, KINDS, MAX_SPLIT_SIZE, MIN_IMAGE_SIZE, SIZES, Scene, check_int
-from mmtx.data.synthetic.shapes import draw_scene, drawn_images
+from mmtx.data.synthetic.scenes import COLORS, KINDS, MAX_SPLIT_SIZE, SIZES, check_int, drawn_images
+from mmtx.data.synthetic.shapes import MIN_IMAGE_SIZE, Scene, draw_scene
 from mmtx.data.vqa.files import VqaRecord, write_vqa
 
 ANSWERS_PER_QUESTION = 10
