@@ -16,13 +16,13 @@ image tokens, averaged over heads and over the question's tokens.
 
 from __future__ import annotations
 
-import numpy as np
-import torch
-import torch.nn.functional as F
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+import torch.nn.functional as F
 from PIL import Image, ImageDraw
 from torch import Tensor
 

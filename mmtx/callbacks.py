@@ -96,7 +96,8 @@ class NonFiniteLoss(L.Callback):
             self._discard = True
             return
         saved = [
-            path for cb in trainer.checkpoint_callbacks
+            path
+            for cb in trainer.checkpoint_callbacks
             for path in (getattr(cb, "last_model_path", ""), getattr(cb, "best_model_path", ""))
             if path and os.path.exists(path)
         ]
@@ -214,12 +215,24 @@ class ModelSummary(RichModelSummary):
 
     @staticmethod
     def summarize(
-        summary_data: list[tuple[str, list[str]]], total_parameters: int, trainable_parameters: int,
-        model_size: float, total_training_modes: dict[str, int], total_flops: int, **summarize_kwargs: Any,
+        summary_data: list[tuple[str, list[str]]],
+        total_parameters: int,
+        trainable_parameters: int,
+        model_size: float,
+        total_training_modes: dict[str, int],
+        total_flops: int,
+        **summarize_kwargs: Any,
     ) -> None:
         if total_flops:
-            return RichModelSummary.summarize(summary_data, total_parameters, trainable_parameters, model_size,
-                                              total_training_modes, total_flops, **summarize_kwargs)
+            return RichModelSummary.summarize(
+                summary_data,
+                total_parameters,
+                trainable_parameters,
+                model_size,
+                total_training_modes,
+                total_flops,
+                **summarize_kwargs,
+            )
         from rich import get_console
         from rich.table import Table
 
@@ -227,8 +240,12 @@ class ModelSummary(RichModelSummary):
         table = Table(header_style=summarize_kwargs.get("header_style", "bold magenta"))
         for name, _ in columns:
             numeric = name.startswith("Params") or name.endswith("sizes")
-            table.add_column(name, justify="right" if numeric else "left", style="dim" if not name.strip() else None,
-                             no_wrap=name == "Name")
+            table.add_column(
+                name,
+                justify="right" if numeric else "left",
+                style="dim" if not name.strip() else None,
+                no_wrap=name == "Name",
+            )
         for row in zip(*(values for _, values in columns)):
             table.add_row(*row)
         totals = Table.grid(expand=True)

@@ -98,8 +98,12 @@ def _check_callback_paths(callbacks: Any, path: str | Path) -> None:
         named = [*(state.get("best_k_models") or {})] if isinstance(state.get("best_k_models"), dict) else []
         named += [state[key] for key in state if isinstance(key, str) and key.endswith("_path")]
         for value in named:
-            if value and not (isinstance(value, str) and "://" not in value and ".." not in Path(value).parts
-                              and value.endswith(".ckpt")):
+            if value and not (
+                isinstance(value, str)
+                and "://" not in value
+                and ".." not in Path(value).parts
+                and value.endswith(".ckpt")
+            ):
                 raise StoredConfigError(
                     f"{path}: callbacks[{str(name)[:40]!r}] names {str(value)[:80]!r}, not a checkpoint file of its run"
                 )
@@ -260,8 +264,11 @@ def _shape_mismatches(own: dict[str, torch.Tensor], saved: dict[str, Any]) -> li
 def _differences(saved: Any, new: Any, key: str) -> list[str]:
     """``key.sub: old in the checkpoint, new now`` for each leaf where two configs differ."""
     if isinstance(saved, dict) and isinstance(new, dict):
-        return [line for k in sorted(set(saved) | set(new), key=str)
-                for line in _differences(saved.get(k, _ABSENT), new.get(k, _ABSENT), f"{key}.{k}")]
+        return [
+            line
+            for k in sorted(set(saved) | set(new), key=str)
+            for line in _differences(saved.get(k, _ABSENT), new.get(k, _ABSENT), f"{key}.{k}")
+        ]
     if saved == new:
         return []
     return [f"{key}: {_shown(saved)} in the checkpoint, {_shown(new)} now"]
@@ -275,7 +282,10 @@ def _shown(value: Any) -> str:
 
 
 def init_from(
-    module: nn.Module, ckpt: dict[str, Any], path: str | Path, renames: Mapping[str, str] | None = None,
+    module: nn.Module,
+    ckpt: dict[str, Any],
+    path: str | Path,
+    renames: Mapping[str, str] | None = None,
     new_tokens: Mapping[int, Sequence[int]] | None = None,
 ) -> tuple[list[str], list[str]]:
     """Copy into ``module`` every weight of checkpoint ``ckpt`` (read from ``path``) whose name
@@ -291,7 +301,7 @@ def init_from(
     """
     state = ckpt.get("state_dict", ckpt)
     for old, new in (renames or {}).items():
-        state = {new + k[len(old):] if k.startswith(old) else k: v for k, v in state.items()}
+        state = {new + k[len(old) :] if k.startswith(old) else k: v for k, v in state.items()}
     own = module.state_dict()
     if new_tokens:
         state = _grow_vocabulary_rows(state, own, new_tokens)
@@ -314,8 +324,16 @@ def _grow_vocabulary_rows(
     new_rows = old_rows + len(new_tokens)
     grown = dict(state)
     for name, value in state.items():
-        if value.ndim and value.shape[0] == old_rows and name in own and own[name].shape == (new_rows, *value.shape[1:]):
-            added = [value[list(ids)].float().mean(0) if ids else own[name][i].float() for i, ids in sorted(new_tokens.items())]
+        if (
+            value.ndim
+            and value.shape[0] == old_rows
+            and name in own
+            and own[name].shape == (new_rows, *value.shape[1:])
+        ):
+            added = [
+                value[list(ids)].float().mean(0) if ids else own[name][i].float()
+                for i, ids in sorted(new_tokens.items())
+            ]
             grown[name] = torch.cat([value, torch.stack(added).to(value.dtype)])
             log.info("init_from: %s grown by %d rows for the new tokens", name, len(added))
     return grown

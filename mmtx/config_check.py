@@ -62,13 +62,17 @@ _positive_number = _rule("a positive number", lambda v: _is_number(v) and v > 0)
 _fraction = _rule("a number in [0, 1)", lambda v: _is_number(v) and 0 <= v < 1)
 
 _DATA_RULES = {  # checked whether given or not
-    "image_size": _positive_int, "batch_size": _positive_int, "eval_batch_size": _optional_positive_int,
+    "image_size": _positive_int,
+    "batch_size": _positive_int,
+    "eval_batch_size": _optional_positive_int,
     "num_workers": _rule("an integer >= 0 (0: load in the main process)", lambda v: _is_int(v) and v >= 0),
     "max_length": _rule("an integer >= 3 ([BOS], a token, [EOS])", lambda v: _is_int(v) and v >= 3),
 }
 _MODEL_RULES = {  # checked in every node of the model config that has the key
-    **dict.fromkeys(("dim", "num_heads", "patch_size", "image_size", "max_length", "joint_dim", "itc_dim", "in_chans"),
-                    _optional_positive_int),
+    **dict.fromkeys(
+        ("dim", "num_heads", "patch_size", "image_size", "max_length", "joint_dim", "itc_dim", "in_chans"),
+        _optional_positive_int,
+    ),
     **dict.fromkeys(("depth", "co_layers"), _non_negative_int),
     **dict.fromkeys(("dropout", "attn_dropout"), _fraction),
     **dict.fromkeys(("mlp_ratio", "hidden_mult"), _positive_number),
@@ -76,10 +80,13 @@ _MODEL_RULES = {  # checked in every node of the model config that has the key
 _TASK_RULES = {  # checked where the task has the key
     "lr": _positive_number,
     "weight_decay": _rule("a number >= 0", lambda v: _is_number(v) and v >= 0),
-    "warmup_ratio": _fraction, "label_smoothing": _fraction,
+    "warmup_ratio": _fraction,
+    "label_smoothing": _fraction,
     "min_lr_ratio": _rule("a number in [0, 1]", lambda v: _is_number(v) and 0 <= v <= 1),
-    "num_answers": _positive_int, "rerank": _positive_int,
-    "num_samples": _non_negative_int, "retrieval_images": _non_negative_int,
+    "num_answers": _positive_int,
+    "rerank": _positive_int,
+    "num_samples": _non_negative_int,
+    "retrieval_images": _non_negative_int,
 }
 
 
@@ -89,8 +96,10 @@ def check_train_config(cfg: DictConfig) -> None:
     missing = {group: _unset(cfg[group], group) for group in groups}
     problems = [p for group in groups for p in missing[group]]
     by_value = {
-        "data": data_problems(cfg.data, splits=("train", "val")), "model": model_problems(cfg.model),
-        "task": task_problems(cfg.task), "tokenizer": tokenizer_problems(cfg.tokenizer),
+        "data": data_problems(cfg.data, splits=("train", "val")),
+        "model": model_problems(cfg.model),
+        "task": task_problems(cfg.task),
+        "tokenizer": tokenizer_problems(cfg.tokenizer),
     }
     problems += [p for group in groups for p in by_value[group]] + trainer_problems(cfg.trainer)
     if not isinstance(cfg.get("activation_checkpointing", False), bool):
@@ -106,7 +115,9 @@ def check_train_config(cfg: DictConfig) -> None:
 def check_eval_config(cfg: DictConfig) -> None:
     """Refuse an ``mmtx-eval`` config that cannot work, naming every bad key at once."""
     if OmegaConf.is_missing(cfg, "ckpt"):
-        raise ConfigError("invalid config:\n  ckpt is not set: give the checkpoint to evaluate, e.g. ckpt=RUN/checkpoints/last.ckpt")
+        raise ConfigError(
+            "invalid config:\n  ckpt is not set: give the checkpoint to evaluate, e.g. ckpt=RUN/checkpoints/last.ckpt"
+        )
     problems = _unset(cfg.data, "data") if cfg.get("data") else []
     if cfg.split not in SPLITS:
         problems.append(f"split={cfg.split!r} is not one of {', '.join(SPLITS)}")
@@ -158,10 +169,20 @@ def build_problems(cfg: DictConfig, broken: set[str] = frozenset()) -> list[str]
         with torch.device("meta"), warnings.catch_warnings():
             # public weights loaded into meta tensors (model=caption_pretrained): a no-op, as meant
             warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter")
-            _built(problems, cfg, "task", lambda: instantiate(
-                cfg.task, model=_plain(cfg.model), tokenizer=tokenizer.to_str(), data_config=_plain(cfg.data),
-                **arguments, _recursive_=False, _convert_="all",
-            ))
+            _built(
+                problems,
+                cfg,
+                "task",
+                lambda: instantiate(
+                    cfg.task,
+                    model=_plain(cfg.model),
+                    tokenizer=tokenizer.to_str(),
+                    data_config=_plain(cfg.data),
+                    **arguments,
+                    _recursive_=False,
+                    _convert_="all",
+                ),
+            )
     return problems
 
 
@@ -169,8 +190,9 @@ def _stand_in_tokenizer(tokenizer: DictConfig) -> Tokenizer:
     """The run's tokenizer file, or one learned as the run would learn it, from a few words."""
     if tokenizer.get("path"):
         return Tokenizer.from_file(tokenizer.path)
-    return Tokenizer.train(["a stand-in text"], vocab_size=tokenizer.vocab_size, kind=tokenizer.kind,
-                           min_frequency=tokenizer.min_frequency)
+    return Tokenizer.train(
+        ["a stand-in text"], vocab_size=tokenizer.vocab_size, kind=tokenizer.kind, min_frequency=tokenizer.min_frequency
+    )
 
 
 # the task is given the whole model and data configs, under other names
@@ -258,15 +280,16 @@ def data_problems(data: Any, key: str = "data", splits: tuple[str, ...] = ()) ->
     for split in splits:  # data.<split>: {annotations, images, ...} of the file-based sources
         files = get(split)
         if isinstance(files, DictConfig):
-            problems += [f"{key}.{split}.{name} is not set: give the {split} split's {name}, e.g. {key}.{split}.{name}=..."
-                         for name, value in files.items() if value is None]
+            problems += [
+                f"{key}.{split}.{name} is not set: give the {split} split's {name}, e.g. {key}.{split}.{name}=..."
+                for name, value in files.items()
+                if value is None
+            ]
     problems += [p for name, check in _DATA_RULES.items() for p in check(get(name), f"{key}.{name}")]
     if "max_text_chars" in data:  # older configs have none: the data module's default
         problems += _positive_int(get("max_text_chars"), f"{key}.max_text_chars")
     crop = get("crop_scale")
-    if crop is not None and not (
-        len(crop) == 2 and all(_is_number(v) for v in crop) and 0 < crop[0] <= crop[1] <= 1
-    ):
+    if crop is not None and not (len(crop) == 2 and all(_is_number(v) for v in crop) and 0 < crop[0] <= crop[1] <= 1):
         problems.append(f"{key}.crop_scale={_show(crop)} must be null or [lo, hi] with 0 < lo <= hi <= 1")
     shift, size = get("shift_px", 0), get("image_size")
     if not _is_int(shift) or shift < 0 or (_is_int(size) and shift >= size // 2):
@@ -302,19 +325,25 @@ def trainer_problems(trainer: Any, key: str = "trainer") -> list[str]:
     if accelerator in ("gpu", "cuda"):
         visible = torch.cuda.device_count()
         if not visible:
-            problems.append(f"{key}.accelerator={accelerator}: this machine has no GPU that torch can use; "
-                            "train on the CPU with trainer=cpu")
+            problems.append(
+                f"{key}.accelerator={accelerator}: this machine has no GPU that torch can use; "
+                "train on the CPU with trainer=cpu"
+            )
         elif count is not None and count > visible:
             problems.append(f"{key}.devices={count}: only {visible} GPU(s) are visible; use {key}.devices<={visible}")
     elif accelerator == "cpu":
         cores = os.cpu_count() or 1
         if count is not None and count > cores:
-            problems.append(f"{key}.devices={count} would start {count} processes on {cores} CPU core(s), which "
-                            f"slows every one of them; use {key}.devices<={cores}")
+            problems.append(
+                f"{key}.devices={count} would start {count} processes on {cores} CPU core(s), which "
+                f"slows every one of them; use {key}.devices<={cores}"
+            )
         precision = str(trainer.get("precision"))
         if precision not in _CPU_PRECISIONS:
-            problems.append(f"{key}.precision={precision} does not run on the CPU; use one of "
-                            f"{', '.join(p for p in _CPU_PRECISIONS if '-' in p)}")
+            problems.append(
+                f"{key}.precision={precision} does not run on the CPU; use one of "
+                f"{', '.join(p for p in _CPU_PRECISIONS if '-' in p)}"
+            )
     return problems
 
 
@@ -339,9 +368,7 @@ def task_problems(task: Any) -> list[str]:
     """What is wrong with the optimiser and schedule settings of ``task`` (its objectives and
     generation settings are checked by their constructors when the task is built)."""
     problems = [p for key, check in _TASK_RULES.items() if key in task for p in check(task[key], f"task.{key}")]
-    if "betas" in task and not (
-        len(task.betas) == 2 and all(_is_number(b) and 0 <= b < 1 for b in task.betas)
-    ):
+    if "betas" in task and not (len(task.betas) == 2 and all(_is_number(b) and 0 <= b < 1 for b in task.betas)):
         problems.append(f"task.betas={_show(task.betas)} must be two numbers in [0, 1)")
     return problems
 
@@ -384,7 +411,7 @@ def _unset(node: Any, path: str) -> list[str]:
 
 
 def _source(node: Any, key: str) -> str:
-    """" (set by data.image_size)" when ``node[key]`` is an interpolation: the key to change."""
+    """ " (set by data.image_size)" when ``node[key]`` is an interpolation: the key to change."""
     if isinstance(node, DictConfig) and OmegaConf.is_interpolation(node, key):
         source = str(node._get_node(key)._value())  # e.g. "${data.image_size}"
         return f" (set by {source[2:-1] if source.startswith('${') else source})"
@@ -405,4 +432,3 @@ def _is_number(value: Any) -> bool:
 
 def _show(value: Any) -> str:
     return str(OmegaConf.to_container(value) if OmegaConf.is_config(value) else value)
-

@@ -206,7 +206,10 @@ def task_from_export(path: str | Path) -> Any:
 
 
 def _built_to_fit(
-    build: Callable[[], Any], tensors: Mapping[str, Tensor], source: str, model: Callable[[Any], nn.Module] = lambda m: m
+    build: Callable[[], Any],
+    tensors: Mapping[str, Tensor],
+    source: str,
+    model: Callable[[Any], nn.Module] = lambda m: m,
 ) -> Any:
     """``build()``, once the same build on the meta device (no memory, no time) has shown that
     the config makes a model the stored ``tensors`` fit: a config.json that asks for a huge model

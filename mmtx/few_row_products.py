@@ -56,7 +56,7 @@ class few_row_products(TorchFunctionMode):  # noqa: N801 (used as a context mana
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         if func is F.linear:  # F.linear(input, weight, bias=None), positional or by name
-            x, weight, bias = (*args, *(kwargs.get(k) for k in ("input", "weight", "bias")[len(args):]))[:3]
+            x, weight, bias = (*args, *(kwargs.get(k) for k in ("input", "weight", "bias")[len(args) :]))[:3]
             if pays(x, weight):
                 return linear_few_rows(x, weight, bias)
         return func(*args, **kwargs)

@@ -64,8 +64,13 @@ class _Stepper:
     """Next-token log-probabilities for growing sequences, with or without the KV cache."""
 
     def __init__(
-        self, decoder: CaptionDecoder, context: Tensor, context_mask: Tensor | None, use_cache: bool,
-        max_length: int, banned: list[int],
+        self,
+        decoder: CaptionDecoder,
+        context: Tensor,
+        context_mask: Tensor | None,
+        use_cache: bool,
+        max_length: int,
+        banned: list[int],
     ) -> None:
         self.decoder, self.context, self.context_mask = decoder, context, context_mask
         self.banned = torch.tensor(banned, dtype=torch.long, device=context.device)
@@ -151,8 +156,7 @@ def generate(
     max_length = 1 + cfg.max_new_tokens
     if max_length > decoder.max_length:
         raise ValueError(
-            f"max_new_tokens={cfg.max_new_tokens} needs {max_length} positions, "
-            f"the decoder has {decoder.max_length}"
+            f"max_new_tokens={cfg.max_new_tokens} needs {max_length} positions, the decoder has {decoder.max_length}"
         )
     # never emit padding or a second BOS, unless it is also the EOS (GPT-2's <|endoftext|>)
     banned = [t for t in dict.fromkeys([pad_id, bos_id]) if t != eos_id]
@@ -167,8 +171,14 @@ def generate(
 
 
 def _greedy_or_sample(
-    step: _Stepper, B: int, cfg: GenerationConfig, bos: int, eos: int, pad: int,
-    device: torch.device, generator: torch.Generator | None,
+    step: _Stepper,
+    B: int,
+    cfg: GenerationConfig,
+    bos: int,
+    eos: int,
+    pad: int,
+    device: torch.device,
+    generator: torch.Generator | None,
 ) -> Tensor:
     tokens = torch.full((B, 1 + cfg.max_new_tokens), pad, dtype=torch.long, device=device)
     tokens[:, 0] = bos

@@ -22,9 +22,7 @@ def wandb_credentials() -> bool:
     return auth.authenticators(host) is not None
 
 
-def wandb_logger(
-    project: str = "mmtx", save_dir: str = ".", mode: str = "auto", **kwargs: Any
-) -> WandbLogger:
+def wandb_logger(project: str = "mmtx", save_dir: str = ".", mode: str = "auto", **kwargs: Any) -> WandbLogger:
     """A :class:`WandbLogger` that runs offline unless credentials exist (``mode=auto``).
 
     An offline run is written to ``save_dir/wandb/offline-run-*`` and can be uploaded later with

@@ -68,7 +68,9 @@ def _task() -> type:
 
 PRETRAINED_LOADERS = ("mmtx.pretrained.load_vit", "mmtx.pretrained.load_text_encoder", "mmtx.pretrained.load_decoder")
 MODEL = Allowed(
-    "a class of mmtx.models or a loader of mmtx.pretrained", ("mmtx.models",), functions=PRETRAINED_LOADERS,
+    "a class of mmtx.models or a loader of mmtx.pretrained",
+    ("mmtx.models",),
+    functions=PRETRAINED_LOADERS,
     hydra_options=("_partial_",),
 )
 DATA = Allowed("a data module of mmtx.data", ("mmtx.data",), _lightning_data_module)
@@ -124,7 +126,9 @@ def _unknown_or_refused(name: str, where: str, refused: StoredConfigError) -> No
         else:
             raise refused
         break
-    raise UnknownStoredClass(f"{where}: names {name}, which this mmtx does not have (renamed or removed since the file was written)")
+    raise UnknownStoredClass(
+        f"{where}: names {name}, which this mmtx does not have (renamed or removed since the file was written)"
+    )
 
 
 def _inside(module: str, packages: tuple[str, ...]) -> bool:
@@ -152,7 +156,9 @@ def check_stored_config(config: Any, where: str, allowed: Allowed, unknown_ok: b
                 raise StoredConfigError(f"{where}: key {key!r} is not a string")
             if key.startswith("_") and key.endswith("_") and len(key) > 1:
                 if "_target_" not in config or key not in ("_target_", *allowed.hydra_options):
-                    raise StoredConfigError(f"{at}: the Hydra option {key!r} is not allowed here (mmtx never writes it)")
+                    raise StoredConfigError(
+                        f"{at}: the Hydra option {key!r} is not allowed here (mmtx never writes it)"
+                    )
                 if key == "_partial_" and not isinstance(value, bool):
                     raise StoredConfigError(f"{at}: must be true or false, not {value!r}")
                 continue
@@ -184,7 +190,9 @@ def constructor_keys(target: Any) -> set[str] | None:
     if not inspect.isclass(target):
         functions = [target]
     else:
-        functions = [cls.__init__ for cls in target.__mro__ if "__init__" in vars(cls) and cls.__module__.startswith("mmtx.")]
+        functions = [
+            cls.__init__ for cls in target.__mro__ if "__init__" in vars(cls) and cls.__module__.startswith("mmtx.")
+        ]
     names: set[str] = set()
     for fn in functions:
         parameters = list(inspect.signature(fn).parameters.values())
@@ -207,7 +215,9 @@ def check_tokenizer_json(text: str, where: str) -> None:
         node = stack.pop()
         if isinstance(node, dict):
             if "Regex" in node:
-                raise StoredConfigError(f"{where}: holds a regular expression ({str(node['Regex'])[:40]!r}), which mmtx never writes")
+                raise StoredConfigError(
+                    f"{where}: holds a regular expression ({str(node['Regex'])[:40]!r}), which mmtx never writes"
+                )
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)

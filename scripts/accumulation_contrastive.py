@@ -83,8 +83,11 @@ def main(batch: int, steps: int, overrides: list[str]) -> dict[str, Any]:
         acc = run([*common, f"data.batch_size={batch // 2}", "trainer.accumulate_grad_batches=2"], Path(tmp) / "acc")
     diffs = [abs(a - b) / abs(b) for a, b in zip(acc["losses"], big["losses"])]
     return {
-        "batch": batch, "steps": steps, "overrides": overrides,
-        "max_relative_difference": max(diffs), "at_step": diffs.index(max(diffs)),
+        "batch": batch,
+        "steps": steps,
+        "overrides": overrides,
+        "max_relative_difference": max(diffs),
+        "at_step": diffs.index(max(diffs)),
         "final_loss": {"big": big["losses"][-1], "accumulated": acc["losses"][-1]},
         "val_itc_loss": {"big": big["val_itc_loss"], "accumulated": acc["val_itc_loss"]},
         "val_metrics": {"big": big["metrics"], "accumulated": acc["metrics"]},

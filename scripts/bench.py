@@ -95,7 +95,11 @@ MLP_RATIO = 4
 # Dense bf16 tensor-core peaks (TFLOP/s) from NVIDIA's datasheets (half the "with sparsity" figure),
 # matched in order against torch.cuda.get_device_name(); an SXM H100 calls itself "NVIDIA H100 80GB HBM3".
 DATASHEET_BF16_TFLOPS = (
-    ("H200 NVL", 835.5), ("H200", 989.4), ("H100 NVL", 835.5), ("H100 PCIe", 756.5), ("H100", 989.4),
+    ("H200 NVL", 835.5),
+    ("H200", 989.4),
+    ("H100 NVL", 835.5),
+    ("H100 PCIe", 756.5),
+    ("H100", 989.4),
 )
 
 
@@ -135,12 +139,23 @@ def build_mmtx(cfg: BenchConfig) -> torch.nn.Module:
     from mmtx.models import CaptionDecoder, ImageCaptioner, VisionEncoder
 
     encoder = VisionEncoder(
-        image_size=cfg.image, patch_size=cfg.patch, dim=cfg.dim, depth=cfg.enc_layers,
-        num_heads=cfg.heads, mlp_ratio=MLP_RATIO,
+        image_size=cfg.image,
+        patch_size=cfg.patch,
+        dim=cfg.dim,
+        depth=cfg.enc_layers,
+        num_heads=cfg.heads,
+        mlp_ratio=MLP_RATIO,
     )
     decoder = CaptionDecoder(
-        cfg.vocab, context_dim=cfg.dim, dim=cfg.dim, depth=cfg.dec_layers, num_heads=cfg.heads,
-        mlp_ratio=MLP_RATIO, max_length=cfg.max_positions, tie_embeddings=True, pad_id=PAD_ID,
+        cfg.vocab,
+        context_dim=cfg.dim,
+        dim=cfg.dim,
+        depth=cfg.dec_layers,
+        num_heads=cfg.heads,
+        mlp_ratio=MLP_RATIO,
+        max_length=cfg.max_positions,
+        tie_embeddings=True,
+        pad_id=PAD_ID,
     )
     return ImageCaptioner(encoder, decoder)
 
@@ -151,15 +166,27 @@ def build_reference(cfg: BenchConfig) -> torch.nn.Module:
 
     hf_logging.set_verbosity_error()
     encoder = ViTConfig(
-        hidden_size=cfg.dim, num_hidden_layers=cfg.enc_layers, num_attention_heads=cfg.heads,
-        intermediate_size=MLP_RATIO * cfg.dim, image_size=cfg.image, patch_size=cfg.patch,
+        hidden_size=cfg.dim,
+        num_hidden_layers=cfg.enc_layers,
+        num_attention_heads=cfg.heads,
+        intermediate_size=MLP_RATIO * cfg.dim,
+        image_size=cfg.image,
+        patch_size=cfg.patch,
     )
     decoder = BertConfig(
-        vocab_size=cfg.vocab, hidden_size=cfg.dim, num_hidden_layers=cfg.dec_layers,
-        num_attention_heads=cfg.heads, intermediate_size=MLP_RATIO * cfg.dim,
-        max_position_embeddings=cfg.max_positions, is_decoder=True, add_cross_attention=True,
-        pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,  # mmtx's bench model has none either
+        vocab_size=cfg.vocab,
+        hidden_size=cfg.dim,
+        num_hidden_layers=cfg.dec_layers,
+        num_attention_heads=cfg.heads,
+        intermediate_size=MLP_RATIO * cfg.dim,
+        max_position_embeddings=cfg.max_positions,
+        is_decoder=True,
+        add_cross_attention=True,
+        pad_token_id=PAD_ID,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,  # mmtx's bench model has none either
     )
     config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
     config.decoder_start_token_id, config.pad_token_id, config.eos_token_id = BOS_ID, PAD_ID, EOS_ID
@@ -225,9 +252,17 @@ class ReferenceAdapter(Adapter):
 
     def generate(self, images: torch.Tensor, new_tokens: int, beams: int) -> torch.Tensor:
         out = self.model.generate(
-            pixel_values=images, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-            num_beams=beams, do_sample=False, early_stopping=True, length_penalty=1.0,
-            decoder_start_token_id=BOS_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
+            pixel_values=images,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            num_beams=beams,
+            do_sample=False,
+            early_stopping=True,
+            length_penalty=1.0,
+            decoder_start_token_id=BOS_ID,
+            bos_token_id=BOS_ID,
+            eos_token_id=EOS_ID,
+            pad_token_id=PAD_ID,
         )
         return out[:, 1:]  # drop the decoder start token
 
@@ -299,8 +334,13 @@ def _cpu_flash_attention_flops(
 
 
 def _cpu_flash_attention_backward_flops(
-    grad_out: torch.Size, query: torch.Size, key: torch.Size, value: torch.Size, *args: Any,
-    out_shape: Any = None, **kwargs: Any,
+    grad_out: torch.Size,
+    query: torch.Size,
+    key: torch.Size,
+    value: torch.Size,
+    *args: Any,
+    out_shape: Any = None,
+    **kwargs: Any,
 ) -> int:
     from torch.utils.flop_counter import sdpa_backward_flop_count
 
@@ -354,7 +394,13 @@ def matmul_peak_gflops(dtype: torch.dtype, device: str, repeats: int = 5, budget
 KERNEL_KINDS = (  # first match wins; CUDA kernel names (cuBLAS, cuDNN, flash, Triton) and CPU operators
     ("attention", re.compile(r"flash|fmha|attention|attn|sdpa|cudnn::fusion::compute_dot_do_o", re.I)),
     ("optimizer", re.compile(r"adam|multi_tensor", re.I)),
-    ("matmul", re.compile(r"gemm|nvjet|xmma|cutlass|cublas|aten::(mm|addmm|bmm|baddbmm|linear|matmul|convolution|convolution_backward|mkldnn_convolution)$|_mm_", re.I)),
+    (
+        "matmul",
+        re.compile(
+            r"gemm|nvjet|xmma|cutlass|cublas|aten::(mm|addmm|bmm|baddbmm|linear|matmul|convolution|convolution_backward|mkldnn_convolution)$|_mm_",
+            re.I,
+        ),
+    ),
 )
 
 
@@ -416,6 +462,7 @@ class ModelBench:
 
     def describe(self) -> dict[str, Any]:
         """Parameter count, threads, and the FLOPs counted on one real fp32 training step."""
+
         def forward_backward() -> None:
             self.model.train()
             self.adapter.loss(self.images, self.ids, eager=True).backward()
@@ -480,8 +527,7 @@ class ModelBench:
         expected = (self.cfg.gen_batch, self.cfg.new_tokens)
         if tuple(tokens.shape) != expected or bool(((tokens == PAD_ID) | (tokens == EOS_ID)).any()):
             raise RuntimeError(
-                f"{self.adapter.name}: generated {tuple(tokens.shape)} with EOS/padding, "
-                f"wanted {expected} real tokens"
+                f"{self.adapter.name}: generated {tuple(tokens.shape)} with EOS/padding, wanted {expected} real tokens"
             )
         return seconds
 
@@ -751,7 +797,9 @@ def run(
             precision = cfg.precisions[-1]
             for w in workers:
                 for mode, beams in (("greedy", 1), ("beam", cfg.beams)):
-                    result[f"{prefix(w.kind)}{mode}_host_syncs"] = w.call("host_syncs", beams=beams, precision=precision)
+                    result[f"{prefix(w.kind)}{mode}_host_syncs"] = w.call(
+                        "host_syncs", beams=beams, precision=precision
+                    )
         if reference:
             result |= speedups(result, cfg)
         result |= utilisation(result, flops, cfg, peak_tflops)
@@ -814,21 +862,57 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run_ = p.add_argument_group("run")
     run_.add_argument("--device", choices=("cpu", "cuda"), default=d.device, help="where to run")
     run_.add_argument(
-        "--reference", action=argparse.BooleanOptionalAction, default=None,
+        "--reference",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="also measure Hugging Face's VisionEncoderDecoderModel (default: when transformers is importable)",
     )
-    run_.add_argument("--precisions", type=lambda s: tuple(dict.fromkeys(s.split(","))), default=d.precisions,
-                      help="comma-separated: fp32, bf16 (autocast)")
-    run_.add_argument("--compile", action="store_true", help="torch.compile mmtx's model for the training step and its image encoder for generation")
-    run_.add_argument("--loss-curve", type=int, default=0, metavar="N",
-                      help="also train N steps in fp32 and bf16 on fixed random data and compare the losses")
-    run_.add_argument("--profile", type=int, default=0, metavar="N",
-                      help="also profile N mmtx training steps: device time by kind of kernel, GPU busy fraction")
-    run_.add_argument("--peak-tflops", type=float, default=None,
-                      help="the GPU's dense bf16 peak for MFU (default: looked up for H100/H200)")
+    run_.add_argument(
+        "--precisions",
+        type=lambda s: tuple(dict.fromkeys(s.split(","))),
+        default=d.precisions,
+        help="comma-separated: fp32, bf16 (autocast)",
+    )
+    run_.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile mmtx's model for the training step and its image encoder for generation",
+    )
+    run_.add_argument(
+        "--loss-curve",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also train N steps in fp32 and bf16 on fixed random data and compare the losses",
+    )
+    run_.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also profile N mmtx training steps: device time by kind of kernel, GPU busy fraction",
+    )
+    run_.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="the GPU's dense bf16 peak for MFU (default: looked up for H100/H200)",
+    )
     args = p.parse_args(argv)
-    for name in ("image", "patch", "dim", "heads", "enc_layers", "dec_layers", "vocab", "batch", "steps",
-                 "gen_batch", "new_tokens", "beams"):
+    for name in (
+        "image",
+        "patch",
+        "dim",
+        "heads",
+        "enc_layers",
+        "dec_layers",
+        "vocab",
+        "batch",
+        "steps",
+        "gen_batch",
+        "new_tokens",
+        "beams",
+    ):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if not args.precisions or set(args.precisions) - set(SUFFIXES):
@@ -857,10 +941,23 @@ def main(argv: list[str] | None = None) -> int:
         else:
             reference = True
     cfg = BenchConfig(
-        image=args.image, patch=args.patch, dim=args.dim, heads=args.heads, enc_layers=args.enc_layers,
-        dec_layers=args.dec_layers, vocab=args.vocab, text_len=args.text_len, batch=args.batch,
-        steps=args.steps, warmup=args.warmup, gen_batch=args.gen_batch, new_tokens=args.new_tokens,
-        beams=args.beams, device=args.device, compile=args.compile, precisions=args.precisions,
+        image=args.image,
+        patch=args.patch,
+        dim=args.dim,
+        heads=args.heads,
+        enc_layers=args.enc_layers,
+        dec_layers=args.dec_layers,
+        vocab=args.vocab,
+        text_len=args.text_len,
+        batch=args.batch,
+        steps=args.steps,
+        warmup=args.warmup,
+        gen_batch=args.gen_batch,
+        new_tokens=args.new_tokens,
+        beams=args.beams,
+        device=args.device,
+        compile=args.compile,
+        precisions=args.precisions,
     )
     result = run(cfg, reference, args.loss_curve, args.peak_tflops, args.profile)
     print(json.dumps(result))

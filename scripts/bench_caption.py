@@ -41,8 +41,10 @@ def main() -> None:
     ids, _ = task.tokenizer.encode_batch(captions, task.model.decoder.max_length)
     tokens = int((ids != task.tokenizer.pad_id).sum()) - len(captions)  # words and [EOS], no [BOS]
     median = statistics.median(times)
-    print(f"median {median:.3f} s (min {min(times):.3f}, max {max(times):.3f}); ~{tokens / median:.0f} tokens/s; "
-          f"{captions[0]!r}")
+    print(
+        f"median {median:.3f} s (min {min(times):.3f}, max {max(times):.3f}); ~{tokens / median:.0f} tokens/s; "
+        f"{captions[0]!r}"
+    )
 
 
 if __name__ == "__main__":

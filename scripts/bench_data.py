@@ -108,7 +108,9 @@ def make_datamodule(source: str, args: argparse.Namespace, workers: int, tokeniz
     if not (shards / "done").exists():
         from mmtx.data.shards.write import caption_samples, write_shards
 
-        written = write_shards(caption_samples(folder.records("train")), shards, "train", image_size=args.shard_image_size)
+        written = write_shards(
+            caption_samples(folder.records("train")), shards, "train", image_size=args.shard_image_size
+        )
         (shards / "done").write_text(" ".join(written["shards"]))
     names = (shards / "done").read_text().split()
     return ShardCaptions(train={"shards": [str(shards / n) for n in names]}, image_size=args.coco_size, **common)
@@ -191,8 +193,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from mmtx.data.tokenizer import Tokenizer
 
     result: dict[str, Any] = {
-        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-        "batch_size": args.batch_size, "batches": args.batches,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "batch_size": args.batch_size,
+        "batches": args.batches,
     }
     for source in args.sources:
         log(f"{source}: preparing")
@@ -222,21 +226,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "for several worker counts; prints one JSON line.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--sources", type=lambda s: s.split(","), default=["shapes", "coco", "coco_shards"],
-                   help="comma-separated: shapes, coco, coco_shards")
-    p.add_argument("--workers", type=lambda s: [int(w) for w in s.split(",")], default=[0, 1, 2],
-                   help="comma-separated worker counts")
-    p.add_argument("--stages", action="store_true",
-                   help="also time decoding, resizing and a whole example per image on one thread")
+    p.add_argument(
+        "--sources",
+        type=lambda s: s.split(","),
+        default=["shapes", "coco", "coco_shards"],
+        help="comma-separated: shapes, coco, coco_shards",
+    )
+    p.add_argument(
+        "--workers",
+        type=lambda s: [int(w) for w in s.split(",")],
+        default=[0, 1, 2],
+        help="comma-separated worker counts",
+    )
+    p.add_argument(
+        "--stages", action="store_true", help="also time decoding, resizing and a whole example per image on one thread"
+    )
     p.add_argument("--batch-size", type=int, default=32, help="images per batch")
     p.add_argument("--batches", type=int, default=20, help="timed batches per worker count (after the first)")
-    p.add_argument("--root", default=str(Path(tempfile.gettempdir()) / "mmtx-bench-data"),
-                   help="where generated data sets are written (and reused)")
+    p.add_argument(
+        "--root",
+        default=str(Path(tempfile.gettempdir()) / "mmtx-bench-data"),
+        help="where generated data sets are written (and reused)",
+    )
     p.add_argument("--shapes-size", type=int, default=64, help="shapes image side (data=shapes default)")
     p.add_argument("--shapes-count", type=int, default=1024, help="shapes training images to generate")
     p.add_argument("--coco-size", type=int, default=224, help="side the COCO images are resized to")
     p.add_argument("--coco-count", type=int, default=768, help="synthetic COCO-like images to generate")
-    p.add_argument("--shard-image-size", type=int, default=256, help="coco_shards: the shards' image size (shorter side)")
+    p.add_argument(
+        "--shard-image-size", type=int, default=256, help="coco_shards: the shards' image size (shorter side)"
+    )
     p.add_argument("--coco-annotations", default=None, help="an official captions_*.json (else synthetic)")
     p.add_argument("--coco-images", default=None, help="the folder of those annotations' images")
     args = p.parse_args(argv)

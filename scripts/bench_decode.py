@@ -15,8 +15,8 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -57,7 +57,9 @@ def torchvision_io(size: int) -> Callable[[Path], torch.Tensor]:
 
     warnings.filterwarnings("ignore", message=".*image decoding and encoding capabilities of TorchVision")
     transform = build_transforms(size, train=False)
-    return lambda path: transform(decode_image(read_file(str(path)), mode=ImageReadMode.RGB, apply_exif_orientation=True))
+    return lambda path: transform(
+        decode_image(read_file(str(path)), mode=ImageReadMode.RGB, apply_exif_orientation=True)
+    )
 
 
 def time_per_image(fn: Callable[[Path], torch.Tensor], paths: list[Path], repeats: int) -> float:
@@ -77,7 +79,10 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=50, help="images per case")
     args = parser.parse_args()
     torch.set_num_threads(1)  # one loader worker's view
-    cases = [("COCO-like 640x480 JPEG -> 224", (640, 480), ".jpg", 224), ("shapes-like 64 px PNG -> 64", (64, 64), ".png", 64)]
+    cases = [
+        ("COCO-like 640x480 JPEG -> 224", (640, 480), ".jpg", 224),
+        ("shapes-like 64 px PNG -> 64", (64, 64), ".png", 64),
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         for name, size, suffix, out in cases:
             folder = Path(tmp) / suffix.strip(".")
@@ -85,7 +90,11 @@ def main() -> None:
             paths = write_images(folder, args.count, size, suffix)
             ms = {f"{decoder.__name__}_ms": round(time_per_image(decoder(out), paths, args.repeats) * 1e3, 3)
                   for decoder in (pillow, torchcodec, torchvision_io)}  # fmt: skip
-            print(json.dumps({"case": name, **ms, "pillow_over_torchcodec": round(ms["pillow_ms"] / ms["torchcodec_ms"], 2)}))
+            print(
+                json.dumps(
+                    {"case": name, **ms, "pillow_over_torchcodec": round(ms["pillow_ms"] / ms["torchcodec_ms"], 2)}
+                )
+            )
 
 
 if __name__ == "__main__":

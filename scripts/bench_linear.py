@@ -39,7 +39,7 @@ def paired_median_us(a, b, repeats: int) -> tuple[float, float]:
         a(), b()
     times: dict[int, list[float]] = {0: [], 1: []}
     for i in range(repeats):
-        for which in ((0, 1) if i % 2 == 0 else (1, 0)):
+        for which in (0, 1) if i % 2 == 0 else (1, 0):
             fn = a if which == 0 else b
             start = time.perf_counter()
             fn()
@@ -89,11 +89,17 @@ def measure_decoding(
     plain, ours = paired_median_us(lambda: decode(False), lambda: decode(True), repeats)
     if not torch.equal(tokens[False], tokens[True]):
         raise RuntimeError(f"{images}x{beams}: the two layouts decoded different tokens")
-    return {"f_linear_ms": round(plain / 1e3, 1), "mmtx_linear_ms": round(ours / 1e3, 1), "speedup": round(plain / ours, 2)}
+    return {
+        "f_linear_ms": round(plain / 1e3, 1),
+        "mmtx_linear_ms": round(ours / 1e3, 1),
+        "speedup": round(plain / ours, 2),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--dim", type=int, default=384, help="model width")
     p.add_argument("--vocab", type=int, default=8192, help="LM head size")
     p.add_argument("--rows", default="1,4,16,64,128,256,512", help="comma-separated row counts")

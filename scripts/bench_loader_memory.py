@@ -54,9 +54,13 @@ def write_coco(root: Path, images: int, files: int = 64, size: int = 32, seed: i
     document = {
         "images": [{"id": i, "file_name": f"{i % files}.png"} for i in range(images)],
         "annotations": [
-            {"id": 5 * i + k, "image_id": i,
-             "caption": f"a {rng.choice(colours)} {rng.choice(nouns)} next to a {rng.choice(colours)} {rng.choice(nouns)}"}
-            for i in range(images) for k in range(5)
+            {
+                "id": 5 * i + k,
+                "image_id": i,
+                "caption": f"a {rng.choice(colours)} {rng.choice(nouns)} next to a {rng.choice(colours)} {rng.choice(nouns)}",
+            }
+            for i in range(images)
+            for k in range(5)
         ],  # fmt: skip
     }
     annotations.write_text(json.dumps(document))
@@ -100,7 +104,7 @@ def run(args: argparse.Namespace) -> dict:
     loader = dm.train_dataloader()
     samples, batches = [], 0
     start = time.perf_counter()
-    for batch in loader:
+    for _batch in loader:
         batches += 1
         if batches == args.warmup or (batches > args.warmup and batches % args.every == 0):
             samples.append({"batch": batches, **memory([os.getpid(), *children(os.getpid())])})

@@ -27,16 +27,26 @@ from typing import Any
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="caption_small", help="a captioner config of conf/model (default: %(default)s)")
+    parser.add_argument(
+        "--model", default="caption_small", help="a captioner config of conf/model (default: %(default)s)"
+    )
     parser.add_argument("--image-size", type=int, default=64, help="image side in pixels (default: %(default)s)")
     parser.add_argument("--batch", type=int, default=32, help="images (and captions) per step (default: %(default)s)")
-    parser.add_argument("--text-len", type=int, default=24, help="caption tokens, [BOS] and [EOS] included (default: %(default)s)")
+    parser.add_argument(
+        "--text-len", type=int, default=24, help="caption tokens, [BOS] and [EOS] included (default: %(default)s)"
+    )
     parser.add_argument("--vocab", type=int, default=1000, help="vocabulary size (default: %(default)s)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast, as trainer.precision=bf16-mixed")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--set", dest="overrides", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="more mmtx-train overrides of the model, e.g. model.encoder.depth=4")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="more mmtx-train overrides of the model, e.g. model.encoder.depth=4",
+    )
     return parser.parse_args(argv)
 
 
@@ -50,9 +60,15 @@ def build_captioner(name: str, image_size: int, text_len: int, vocab: int, overr
     from mmtx.models import ImageCaptioner
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[
-            f"model={name}", f"data.image_size={image_size}", f"data.max_length={text_len}", *overrides,
-        ])
+        cfg = compose(
+            config_name="train",
+            overrides=[
+                f"model={name}",
+                f"data.image_size={image_size}",
+                f"data.max_length={text_len}",
+                *overrides,
+            ],
+        )
     model_cfg = cfg.model
     if model_cfg.get("_target_") != "mmtx.models.captioner.ImageCaptioner":
         raise SystemExit(f"--model={name}: not a captioner (model._target_={model_cfg.get('_target_')})")
@@ -110,8 +126,12 @@ def measure(model: Any, images: Any, ids: Any, device: str, bf16: bool) -> dict[
     out["loss"].backward()
     param_bytes = sum(p.numel() * p.element_size() for p in params)
     grad_bytes = sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
-    return {"saved_for_backward_bytes": saved, "param_bytes": param_bytes, "grad_bytes": grad_bytes,
-            "total_bytes": saved + param_bytes + grad_bytes}
+    return {
+        "saved_for_backward_bytes": saved,
+        "param_bytes": param_bytes,
+        "grad_bytes": grad_bytes,
+        "total_bytes": saved + param_bytes + grad_bytes,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -123,7 +143,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA GPU is visible")
     torch.manual_seed(args.seed)
-    model = build_captioner(args.model, args.image_size, args.text_len, args.vocab, args.overrides).to(args.device).train()
+    model = (
+        build_captioner(args.model, args.image_size, args.text_len, args.vocab, args.overrides).to(args.device).train()
+    )
     images = torch.randn(args.batch, 3, args.image_size, args.image_size, device=args.device)
     ids = torch.randint(3, args.vocab, (args.batch, args.text_len), device=args.device)
     ids[:, 0] = 1
@@ -134,13 +156,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     checkpointed = measure(model, images, ids, args.device, args.bf16)
     key = "peak_allocated_bytes" if args.device == "cuda" else "total_bytes"
     result = {
-        "model": args.model, "overrides": args.overrides, "image_size": args.image_size, "batch": args.batch,
-        "text_len": args.text_len, "vocab": args.vocab, "device": args.device, "bf16": args.bf16,
-        "params": sum(p.numel() for p in model.parameters()), "checkpointed_blocks": blocks,
-        "measures": ("torch.cuda.max_memory_allocated over the step" if args.device == "cuda" else
-                     "bytes saved for backward (weights excluded) + parameter bytes + gradient bytes"),
+        "model": args.model,
+        "overrides": args.overrides,
+        "image_size": args.image_size,
+        "batch": args.batch,
+        "text_len": args.text_len,
+        "vocab": args.vocab,
+        "device": args.device,
+        "bf16": args.bf16,
+        "params": sum(p.numel() for p in model.parameters()),
+        "checkpointed_blocks": blocks,
+        "measures": (
+            "torch.cuda.max_memory_allocated over the step"
+            if args.device == "cuda"
+            else "bytes saved for backward (weights excluded) + parameter bytes + gradient bytes"
+        ),
         "torch": torch.__version__,
-        "plain": plain, "checkpointed": checkpointed,
+        "plain": plain,
+        "checkpointed": checkpointed,
         "ratio": round(checkpointed[key] / plain[key], 4),
     }
     if args.device == "cpu":

@@ -42,13 +42,23 @@ import time
 from pathlib import Path
 
 TASKS = {  # task -> (mmtx-train arguments, metrics to report, the metric that is plotted)
-    "caption": ([], ["CIDEr", "BLEU-4", "correctness", "relation_accuracy", "relations_stated"], "correctness"),  # CIDEr saturates early on shapes
-    "pretrain": (["experiment=pretrain_shapes"], ["itm_accuracy", "i2t_R@1", "t2i_R@1", "i2t_R@5", "t2i_R@5"],
-                 "itm_accuracy"),
+    "caption": (
+        [],
+        ["CIDEr", "BLEU-4", "correctness", "relation_accuracy", "relations_stated"],
+        "correctness",
+    ),  # CIDEr saturates early on shapes
+    "pretrain": (
+        ["experiment=pretrain_shapes"],
+        ["itm_accuracy", "i2t_R@1", "t2i_R@1", "i2t_R@5", "t2i_R@5"],
+        "itm_accuracy",
+    ),
     "vqa": (["experiment=vqa_shapes"], ["accuracy", "yes/no", "number", "other"], "accuracy"),
     # fine-tuning below the scratch rate and batch, as conf/experiment/vqa_shapes.yaml advises (docs/learning.md)
-    "vqa_from_pretrain": (["experiment=vqa_shapes", "task.lr=5e-4", "data.batch_size=64"], ["accuracy", "yes/no", "number", "other"],
-                          "accuracy"),
+    "vqa_from_pretrain": (
+        ["experiment=vqa_shapes", "task.lr=5e-4", "data.batch_size=64"],
+        ["accuracy", "yes/no", "number", "other"],
+        "accuracy",
+    ),
 }
 
 
@@ -61,13 +71,20 @@ def tasks(text: str) -> list[str]:
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--tasks", type=tasks, default=["caption"], help=f"comma-separated, of {','.join(TASKS)}")
     p.add_argument("--minutes", type=float, default=8.0, help="each run's training budget (trainer.max_time)")
     p.add_argument("--seeds", type=int, default=2, help="runs per task and variant, seeds 0..N-1")
-    p.add_argument("--variant", action="append", default=[], metavar='NAME="k=v k=v"',
-                   help="an ablation: a name and the overrides it adds to every task's run (repeatable; "
-                        "TASK:key=value for one task's runs only); 'base' (no overrides) always runs")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar='NAME="k=v k=v"',
+        help="an ablation: a name and the overrides it adds to every task's run (repeatable; "
+        "TASK:key=value for one task's runs only); 'base' (no overrides) always runs",
+    )
     p.add_argument("--only-variants", action="store_true", help="run the --variant ablations without 'base'")
     p.add_argument("--num-train", type=int, default=3000, help="shapes training images")
     p.add_argument("--num-val", type=int, default=300, help="shapes validation images")
@@ -102,11 +119,19 @@ def train(args: argparse.Namespace, task: str, variant: str, overrides: list[str
         return directory
     seconds = int(round(args.minutes * 60))
     command = [
-        "mmtx-train", *TASKS[task][0], f"seed={seed}", "logger=csv", "trainer.enable_progress_bar=false",
+        "mmtx-train",
+        *TASKS[task][0],
+        f"seed={seed}",
+        "logger=csv",
+        "trainer.enable_progress_bar=false",
         f"trainer.max_time=00:00:{seconds // 60:02d}:{seconds % 60:02d}",
-        f"trainer.val_check_interval={args.val_every}", "trainer.check_val_every_n_epoch=null",
-        f"data.num_train={args.num_train}", f"data.num_val={args.num_val}", f"hydra.run.dir={directory}",
-        *args.set, *overrides,
+        f"trainer.val_check_interval={args.val_every}",
+        "trainer.check_val_every_n_epoch=null",
+        f"data.num_train={args.num_train}",
+        f"data.num_val={args.num_val}",
+        f"hydra.run.dir={directory}",
+        *args.set,
+        *overrides,
     ]
     if task == "vqa_from_pretrain":
         pretrained = run_dir(args.out, "pretrain", variant, seed) / "checkpoints" / "last.ckpt"
@@ -191,8 +216,13 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     results_path = args.out / "curves.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {"tasks": {}}
-    results |= {"cpu": cpu_name(), "threads": os.cpu_count(), "minutes": args.minutes,
-                "num_train": args.num_train, "num_val": args.num_val}
+    results |= {
+        "cpu": cpu_name(),
+        "threads": os.cpu_count(),
+        "minutes": args.minutes,
+        "num_train": args.num_train,
+        "num_val": args.num_val,
+    }
     order = sorted(args.tasks, key=list(TASKS).index)  # pretraining before the fine-tuning that needs it
     for task in order:
         keys = TASKS[task][1]
@@ -204,12 +234,18 @@ def main() -> None:
                 final = json.loads((directory / "metrics.json").read_text())
                 entry["seeds"][str(seed)] = {
                     "final": {k: final["metrics"][k] for k in keys if k in final["metrics"]},
-                    "steps": final["steps"], "baseline": final["baseline"], "curve": curve(directory, keys),
+                    "steps": final["steps"],
+                    "baseline": final["baseline"],
+                    "curve": curve(directory, keys),
                 }
                 entry["summary"] = summary([r["final"] for r in entry["seeds"].values()], keys)
                 results_path.write_text(json.dumps(results, indent=1))
-            print(f"{task} {variant}: " + ", ".join(
-                f"{k} {s['mean']:.3f} [{s['min']:.3f}, {s['max']:.3f}]" for k, s in entry["summary"].items()))
+            print(
+                f"{task} {variant}: "
+                + ", ".join(
+                    f"{k} {s['mean']:.3f} [{s['min']:.3f}, {s['max']:.3f}]" for k, s in entry["summary"].items()
+                )
+            )
     try:
         plot(results, args.out / "curves.png")
         print(f"wrote {results_path} and {args.out / 'curves.png'}")

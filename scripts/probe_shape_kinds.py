@@ -84,7 +84,9 @@ def fresh_encoder(
     from mmtx.cli.common import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(config_name="train", overrides=["experiment=vqa_shapes", f"data.image_size={image_size}", *overrides])
+        cfg = compose(
+            config_name="train", overrides=["experiment=vqa_shapes", f"data.image_size={image_size}", *overrides]
+        )
     encoder = instantiate(cfg.model.backbone.vision)
     head = torch.nn.Linear(3 * encoder.dim, labels.shape[1])
     params = [*encoder.parameters(), *head.parameters()]
@@ -130,10 +132,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train", type=int, default=1500, help="scenes the probes are fitted on")
     parser.add_argument("--val", type=int, default=300, help="other scenes they are scored on")
     parser.add_argument("--image-size", type=int, default=64)
-    parser.add_argument("--fresh", type=float, default=0.0, metavar="SECONDS",
-                        help="also train experiment=vqa_shapes's vision stream on the kind labels for SECONDS, then probe it")
-    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                        help="a Hydra override of the --fresh encoder's config (repeatable), e.g. model.backbone.vision.depth=2")
+    parser.add_argument(
+        "--fresh",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="also train experiment=vqa_shapes's vision stream on the kind labels for SECONDS, then probe it",
+    )
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Hydra override of the --fresh encoder's config (repeatable), e.g. model.backbone.vision.depth=2",
+    )
     args = parser.parse_args(argv)
     if args.train < 2 or args.val < 1 or args.fresh < 0:
         parser.error("--train must be at least 2, --val at least 1 and --fresh not negative")

@@ -34,7 +34,9 @@ class CountFlops(L.Callback):
         self.counter = FlopCounterMode(display=False, custom_mapping=cpu_flash_attention_flops())
         self.images = 0
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if trainer.global_step == 0 and batch_idx == 0:
             self.images = len(batch["images"])
             self.counter.__enter__()
@@ -52,15 +54,30 @@ def main(overrides: list[str]) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory() as out:
         counted = Path(out) / "flops.json"
-        train_in_process([
-            *overrides, "trainer=cpu", "trainer.precision=32-true", "trainer.max_time=null", "trainer.max_steps=1",
-            "trainer.accumulate_grad_batches=1", "trainer.limit_val_batches=0", "trainer.num_sanity_val_steps=0",
-            "trainer.enable_progress_bar=false", "logger=none", f"paths.output_dir={out}",
-            "+callbacks.flops._target_=train_step_flops.CountFlops", f"+callbacks.flops.path={counted}",
-        ])
+        train_in_process(
+            [
+                *overrides,
+                "trainer=cpu",
+                "trainer.precision=32-true",
+                "trainer.max_time=null",
+                "trainer.max_steps=1",
+                "trainer.accumulate_grad_batches=1",
+                "trainer.limit_val_batches=0",
+                "trainer.num_sanity_val_steps=0",
+                "trainer.enable_progress_bar=false",
+                "logger=none",
+                f"paths.output_dir={out}",
+                "+callbacks.flops._target_=train_step_flops.CountFlops",
+                f"+callbacks.flops.path={counted}",
+            ]
+        )
         step = json.loads(counted.read_text())
-    return {"flops_per_step": step["flops"], "images_per_step": step["images"],
-            "gflops_per_image": round(step["flops"] / step["images"] / 1e9, 3), "overrides": overrides}
+    return {
+        "flops_per_step": step["flops"],
+        "images_per_step": step["images"],
+        "gflops_per_image": round(step["flops"] / step["images"] / 1e9, 3),
+        "overrides": overrides,
+    }
 
 
 if __name__ == "__main__":

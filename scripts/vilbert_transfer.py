@@ -42,24 +42,36 @@ def main() -> None:
 
     runs = {name: args.out / name for name in ("pretrain", "scratch", "finetuned")}
     common = [f"logger={args.logger}", *args.extra]
-    times = {"pretrain": mmtx_train(
-        "experiment=pretrain_shapes", f"trainer.max_epochs={args.pretrain_epochs}",
-        f"hydra.run.dir={runs['pretrain']}", *common)}
+    times = {
+        "pretrain": mmtx_train(
+            "experiment=pretrain_shapes",
+            f"trainer.max_epochs={args.pretrain_epochs}",
+            f"hydra.run.dir={runs['pretrain']}",
+            *common,
+        )
+    }
     tokenizer = runs["pretrain"] / "tokenizer.json"  # both VQA runs read questions the same way
     vqa = ["experiment=vqa_shapes", f"trainer.max_epochs={args.vqa_epochs}", *common]
     times["scratch"] = mmtx_train(*vqa, f"tokenizer.path={tokenizer}", f"hydra.run.dir={runs['scratch']}")
     times["finetuned"] = mmtx_train(
-        *vqa, f"init_from={runs['pretrain'] / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={runs['finetuned']}")
+        *vqa, f"init_from={runs['pretrain'] / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={runs['finetuned']}"
+    )
 
     summary = {name: json.loads((run / "metrics.json").read_text()) for name, run in runs.items()}
-    print("\npretraining (shapes captions):", ", ".join(
-        f"{k} {v:.1f}" for k, v in summary["pretrain"]["metrics"].items()),
-        "| chance:", ", ".join(f"{k} {v:.1f}" for k, v in summary["pretrain"]["baseline"].items() if k != "name"))
+    print(
+        "\npretraining (shapes captions):",
+        ", ".join(f"{k} {v:.1f}" for k, v in summary["pretrain"]["metrics"].items()),
+        "| chance:",
+        ", ".join(f"{k} {v:.1f}" for k, v in summary["pretrain"]["baseline"].items() if k != "name"),
+    )
     keys = list(summary["scratch"]["metrics"])
     print(f"\nshapes VQA after {summary['scratch']['steps']} steps (official accuracy, %)")
     print(f"{'':<24}" + "".join(f"{k:>10}" for k in keys))
-    rows = {"from scratch": summary["scratch"]["metrics"], "from pretraining": summary["finetuned"]["metrics"],
-            "answer prior (baseline)": summary["scratch"]["baseline"]}
+    rows = {
+        "from scratch": summary["scratch"]["metrics"],
+        "from pretraining": summary["finetuned"]["metrics"],
+        "answer prior (baseline)": summary["scratch"]["baseline"],
+    }
     for name, metrics in rows.items():
         print(f"{name:<24}" + "".join(f"{metrics[k]:>10.2f}" for k in keys))
     print("\nwall time (s):", ", ".join(f"{k} {v:.0f}" for k, v in times.items()))

@@ -57,8 +57,12 @@ def main() -> None:
     p.add_argument("--json", type=Path, help="also write {predictions file: {family: [n, accuracy]}} here")
     args = p.parse_args()
     root = args.root
-    records = {r.question_id: r for r in read_vqa(root / f"questions_{args.split}.json",
-                                                  root / f"annotations_{args.split}.json", root / args.split)}
+    records = {
+        r.question_id: r
+        for r in read_vqa(
+            root / f"questions_{args.split}.json", root / f"annotations_{args.split}.json", root / args.split
+        )
+    }
     table = {}
     for path in args.predictions:
         groups: dict[str, dict[int, str]] = defaultdict(dict)

@@ -58,8 +58,14 @@ def tiny(data_dir: Path) -> list[str]:
     """Overrides for a tiny, fast ``mmtx-train`` run whose data lives under ``data_dir``."""
     # fp32 and two epochs, as the tests' reference numbers were made, whatever the CPU's bf16 and
     # the CPU preset's time budget
-    return [*TINY_MODEL, *TINY_DATA, f"paths.data_dir={data_dir}", "trainer.enable_progress_bar=false",
-            "trainer.precision=32-true", "trainer.max_epochs=2"]
+    return [
+        *TINY_MODEL,
+        *TINY_DATA,
+        f"paths.data_dir={data_dir}",
+        "trainer.enable_progress_bar=false",
+        "trainer.precision=32-true",
+        "trainer.max_epochs=2",
+    ]
 
 
 class CLI:
@@ -94,8 +100,12 @@ class CLI:
         ports = free_ports(len(commands)) if "MASTER_PORT" not in os.environ else []
         procs = [
             subprocess.Popen(
-                [self.script(name), *map(str, args)], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, env={**os.environ, **({"MASTER_PORT": str(ports[i])} if ports else {})},
+                [self.script(name), *map(str, args)],
+                cwd=cwd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**os.environ, **({"MASTER_PORT": str(ports[i])} if ports else {})},
                 start_new_session=True,  # a hang is killed with the processes it started
             )
             for i, (name, *args) in enumerate(commands)

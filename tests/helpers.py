@@ -25,7 +25,7 @@ def tiny_captioner(pos_embed: str = "learned", vocab: int = 40, seed: int = 0, s
     dec = CaptionDecoder(vocab, context_dim=32, dim=48, depth=2, num_heads=4, max_length=24, pos_embed=pos_embed)
     model = ImageCaptioner(enc, dec).eval()
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.ndim >= 2:
                 p.normal_(0, spread)
     return model
@@ -69,7 +69,6 @@ TINY_TWO_STREAM = [
     "model.backbone.vision.patch_size=8", "model.backbone.text.dim=32", "model.backbone.text.depth=1",
     "model.backbone.text.num_heads=2", "model.backbone.co_layers=1", "model.backbone.joint_dim=32",
 ]  # fmt: skip
-
 
 
 class SignalAtStep(L.Callback):
@@ -163,8 +162,12 @@ def write_gpt2_vocab(path: Path, texts: list[str], vocab_size: int = 300) -> int
     backend = Backend(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     backend.train_from_iterator(texts * 20, trainer=trainer)
     path.mkdir(parents=True, exist_ok=True)
     backend.model.save(str(path))

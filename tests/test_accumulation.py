@@ -184,7 +184,9 @@ def test_vqa_accumulation_follows_the_big_batch(cli, tiny: list[str], tmp_path: 
     """VQA's classifier (a mean over questions) and answer decoder (a mean over answer tokens):
     2 x 8 accumulated vs 16 at once."""
     data = [o for o in tiny if not o.startswith("model.")]  # the tiny captioner's sizes: not this model's
-    runs = train(cli, [*data, *RUN, *(VQA if task == "classifier" else GENERATIVE_VQA)], tmp_path, accumulated=ACCUMULATED)
+    runs = train(
+        cli, [*data, *RUN, *(VQA if task == "classifier" else GENERATIVE_VQA)], tmp_path, accumulated=ACCUMULATED
+    )
     assert_same_training(runs["big"], runs["accumulated"])
 
 
@@ -195,6 +197,15 @@ def test_ddp_with_accumulation_follows_one_process(
     """Captioning on 2 processes x 4 captions x 2 micro-batches vs 1 process with 16: the same
     examples per optimizer step, spread over processes and micro-batches of unequal token counts."""
     run = tmp_path / "ddp"
-    cli.run("mmtx-train", *tiny, *RUN, *CAPTION, f"hydra.run.dir={run}", "trainer=ddp_cpu", "data.batch_size=4",
-            "trainer.accumulate_grad_batches=2", cwd=tmp_path)
+    cli.run(
+        "mmtx-train",
+        *tiny,
+        *RUN,
+        *CAPTION,
+        f"hydra.run.dir={run}",
+        "trainer=ddp_cpu",
+        "data.batch_size=4",
+        "trainer.accumulate_grad_batches=2",
+        cwd=tmp_path,
+    )
     assert_same_training(caption_runs["big"], run)

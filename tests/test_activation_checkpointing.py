@@ -145,7 +145,8 @@ def test_blocks_run_twice_in_training_and_once_otherwise(monkeypatch: pytest.Mon
     assert checkpoints[0] == 0
     assert checkpoint_blocks(model) == n and all(  # a second call wraps nothing twice
         not isinstance(b.forward.forward, _CheckpointedWhenTraining)
-        for b in model.modules() if isinstance(b, TransformerBlock)
+        for b in model.modules()
+        if isinstance(b, TransformerBlock)
     )
 
 
@@ -176,7 +177,10 @@ def test_bench_memory_script_reports_both_on_a_tiny_model() -> None:
             "model.decoder.dim=32", "model.decoder.num_heads=2", "model.decoder.depth=2"]  # fmt: skip
     run = subprocess.run(
         [sys.executable, str(SCRIPT), "--image-size", "32", "--batch", "8", "--vocab", "50", "--set", *tiny],
-        capture_output=True, text=True, timeout=300, check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
     )
     result = json.loads(run.stdout)
     assert result["checkpointed_blocks"] == 4 and result["device"] == "cpu"
@@ -242,8 +246,15 @@ def test_a_value_that_is_not_a_bool_is_named(value: str) -> None:
 
 def train(cli, tiny: list[str], root: Path, *extra: str) -> subprocess.CompletedProcess:
     return cli.run(
-        "mmtx-train", *tiny, "logger=none", "trainer.max_steps=3", "trainer.limit_val_batches=1",
-        "activation_checkpointing=true", f"hydra.run.dir={root}", *extra, cwd=root.parent,
+        "mmtx-train",
+        *tiny,
+        "logger=none",
+        "trainer.max_steps=3",
+        "trainer.limit_val_batches=1",
+        "activation_checkpointing=true",
+        f"hydra.run.dir={root}",
+        *extra,
+        cwd=root.parent,
     )
 
 

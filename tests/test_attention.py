@@ -55,8 +55,10 @@ def test_cross_attention_matches_naive_with_other_width():
     ctx_mask = torch.ones(2, 9, dtype=torch.bool)
     ctx_mask[1, 6:] = False
     torch.testing.assert_close(
-        attn(x, ctx, key_padding_mask=ctx_mask), naive_attention(attn, x, ctx, key_mask=ctx_mask),
-        atol=1e-5, rtol=1e-5,
+        attn(x, ctx, key_padding_mask=ctx_mask),
+        naive_attention(attn, x, ctx, key_mask=ctx_mask),
+        atol=1e-5,
+        rtol=1e-5,
     )
 
 
@@ -65,8 +67,10 @@ def test_rotary_attention_matches_naive():
     x = torch.randn(2, 6, 32)
     rope = Rotary(8)(torch.arange(6))
     torch.testing.assert_close(
-        attn(x, causal=True, rope=rope), naive_attention(attn, x, causal=True, rope=rope),
-        atol=1e-5, rtol=1e-5,
+        attn(x, causal=True, rope=rope),
+        naive_attention(attn, x, causal=True, rope=rope),
+        atol=1e-5,
+        rtol=1e-5,
     )
 
 

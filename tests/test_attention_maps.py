@@ -75,7 +75,9 @@ def test_a_question_attends_over_the_image_patches() -> None:
     torch.manual_seed(0)
     backbone = TwoStreamModel(
         VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2),
-        TextEncoder(vocab_size=30, dim=32, depth=1, num_heads=2, max_length=8), co_layers=2, joint_dim=24,
+        TextEncoder(vocab_size=30, dim=32, depth=1, num_heads=2, max_length=8),
+        co_layers=2,
+        joint_dim=24,
     )
     model = VqaClassifier(backbone, num_answers=5).eval()
     images, ids = torch.randn(2, 3, 32, 32), torch.randint(1, 30, (2, 8))

@@ -213,7 +213,10 @@ def test_skipping_coco_entries_drops_an_image_with_its_captions(tmp_path: Path) 
     path.write_text(json.dumps(document))
     skipped: list[str] = []
     records = read_coco_captions(path, tmp_path, skipped)
-    assert [(r.image_id, r.path.name, r.captions) for r in records] == [(1, "1.png", ("one",)), (3, "3.png", ("three",))]
+    assert [(r.image_id, r.path.name, r.captions) for r in records] == [
+        (1, "1.png", ("one",)),
+        (3, "3.png", ("three",)),
+    ]
     assert skipped == [
         f"{path}: images[1].file_name: file name '../2.png' escapes the image root {tmp_path}",
         f"{path}: images[2].id: duplicate image id 1",
@@ -365,8 +368,9 @@ def test_unknown_policy_is_refused_naming_the_key(key: str) -> None:
 
 
 def _loader_over_a_file_that_breaks_after_the_scan(tmp_path: Path, policy: str, workers: int):
-    module, data = _coco_module(tmp_path, on_bad_image="skip", num_workers=workers,
-                                tokenizer=functools.partial(Tokenizer.train, vocab_size=60))
+    module, data = _coco_module(
+        tmp_path, on_bad_image="skip", num_workers=workers, tokenizer=functools.partial(Tokenizer.train, vocab_size=60)
+    )
     module.records("train")  # the scan leaves the known bad files out
     module.on_bad_image = policy  # what happens to a file that breaks later
     broken = tmp_path / "coco" / "train" / "5.png"
@@ -399,7 +403,9 @@ def test_decode_failure_in_a_worker_reaches_the_main_process_as_image_load_error
 
 
 def test_captions_longer_than_max_length_are_cut_counted_and_reported(tmp_path: Path, caplog) -> None:
-    module, data = _coco_module(tmp_path, on_bad_image="skip", tokenizer=functools.partial(Tokenizer.train, vocab_size=60))
+    module, data = _coco_module(
+        tmp_path, on_bad_image="skip", tokenizer=functools.partial(Tokenizer.train, vocab_size=60)
+    )
     with caplog.at_level(logging.WARNING, logger="mmtx.data"):
         batch = next(iter(module.train_dataloader()))
     assert batch["input_ids"].shape[1] <= 12
@@ -483,14 +489,21 @@ def test_foreign_and_incomplete_checkpoints(tmp_path: Path, mmtx_checkpoint: Pat
     state = dict(ckpt["state_dict"])
     state["model.encoder.cls_token"] = torch.zeros(1, 1, 7)
     torch.save({**ckpt, "state_dict": state}, tmp_path / "reshaped.ckpt")
-    with pytest.raises(CheckpointError, match=r"model.encoder.cls_token: \(1, 1, 7\) in the checkpoint, \(1, 1, 32\) now"):
+    with pytest.raises(
+        CheckpointError, match=r"model.encoder.cls_token: \(1, 1, 7\) in the checkpoint, \(1, 1, 32\) now"
+    ):
         load_task(tmp_path / "reshaped.ckpt")
     assert load_task(mmtx_checkpoint).model.encoder.dim == 32  # the intact one loads
 
 
 def test_resume_with_another_model_size_names_the_keys(mmtx_checkpoint: Path) -> None:
     with pytest.raises(CheckpointError) as info:
-        check_resume(read_checkpoint(mmtx_checkpoint), mmtx_checkpoint, "mmtx.tasks.caption.CaptionTask", tiny_model_config("model.encoder.dim=64"))
+        check_resume(
+            read_checkpoint(mmtx_checkpoint),
+            mmtx_checkpoint,
+            "mmtx.tasks.caption.CaptionTask",
+            tiny_model_config("model.encoder.dim=64"),
+        )
     message = str(info.value)
     assert "model.encoder.dim: 32 in the checkpoint, 64 now" in message
     assert "model.decoder.context_dim: 32 in the checkpoint, 64 now" in message
@@ -498,12 +511,26 @@ def test_resume_with_another_model_size_names_the_keys(mmtx_checkpoint: Path) ->
     assert "model.encoder.blocks.0.attn.proj.weight: (32, 32) in the checkpoint, (64, 64) now" in message
     assert f"init_from={mmtx_checkpoint}" in message
 
-    with pytest.raises(CheckpointError, match=r"model.encoder.depth: 1 in the checkpoint, 2 now[\s\S]*not in the checkpoint"):
-        check_resume(read_checkpoint(mmtx_checkpoint), mmtx_checkpoint, "mmtx.tasks.caption.CaptionTask", tiny_model_config("model.encoder.depth=2"))
-    with pytest.raises(CheckpointError, match="written by mmtx.tasks.caption.CaptionTask, but the config trains mmtx.tasks.vqa.VqaTask"):
+    with pytest.raises(
+        CheckpointError, match=r"model.encoder.depth: 1 in the checkpoint, 2 now[\s\S]*not in the checkpoint"
+    ):
+        check_resume(
+            read_checkpoint(mmtx_checkpoint),
+            mmtx_checkpoint,
+            "mmtx.tasks.caption.CaptionTask",
+            tiny_model_config("model.encoder.depth=2"),
+        )
+    with pytest.raises(
+        CheckpointError, match="written by mmtx.tasks.caption.CaptionTask, but the config trains mmtx.tasks.vqa.VqaTask"
+    ):
         check_resume(read_checkpoint(mmtx_checkpoint), mmtx_checkpoint, "mmtx.tasks.vqa.VqaTask", tiny_model_config())
     # settings that leave every tensor's shape alone may change
-    check_resume(read_checkpoint(mmtx_checkpoint), mmtx_checkpoint, "mmtx.tasks.caption.CaptionTask", tiny_model_config("model.decoder.dropout=0.3"))
+    check_resume(
+        read_checkpoint(mmtx_checkpoint),
+        mmtx_checkpoint,
+        "mmtx.tasks.caption.CaptionTask",
+        tiny_model_config("model.decoder.dropout=0.3"),
+    )
 
 
 # --- tokenizer files that load but could not work ---------------------------------------------

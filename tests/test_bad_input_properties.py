@@ -90,8 +90,10 @@ unique_ids = st.lists(st.integers(0, 10**6), min_size=1, max_size=5, unique=True
 def valid_coco(draw: st.DrawFn) -> dict[str, Any]:
     image_ids = draw(unique_ids)
     images = [{"id": i, "file_name": f"sub/{i}.jpg"} for i in image_ids]
-    annotations = [{"id": k, "image_id": draw(st.sampled_from(image_ids)), "caption": draw(words)}
-                   for k in range(draw(st.integers(0, 6)))]
+    annotations = [
+        {"id": k, "image_id": draw(st.sampled_from(image_ids)), "caption": draw(words)}
+        for k in range(draw(st.integers(0, 6)))
+    ]
     return {"info": {}, "images": images, "annotations": annotations}
 
 
@@ -230,9 +232,7 @@ def test_readers_on_arbitrary_bytes(content: bytes, reader: str) -> None:
 
 
 @SETTINGS
-@given(
-    files=vqa_pairs() | st.tuples(question_documents, annotation_documents | st.none()), skipping=st.booleans()
-)
+@given(files=vqa_pairs() | st.tuples(question_documents, annotation_documents | st.none()), skipping=st.booleans())
 def test_vqa_reader_loads_or_raises_annotation_error(files: tuple[Any, Any], skipping: bool) -> None:
     questions, annotations = files
     with tempfile.TemporaryDirectory() as tmp:
@@ -252,13 +252,16 @@ def test_vqa_reader_loads_or_raises_annotation_error(files: tuple[Any, Any], ski
 
 # --- tokenizer --------------------------------------------------------------------------------
 
+
 def _fixed_tokenizer() -> Tokenizer:
     """A small BERT-style tokenizer from a fixed vocabulary (training could order ties differently)."""
     from tokenizers import Tokenizer as Backend
     from tokenizers import decoders, models, normalizers, pre_tokenizers
 
     words = ["a", "red", "circle", "left", "of", "blue", "square", "is", "there", "ball", "?", "##s"]
-    vocab = {token: i for i, token in enumerate(["[PAD]", "[BOS]", "[EOS]", "[UNK]", "[MASK]", "[CLS]", "[SEP]", *words])}
+    vocab = {
+        token: i for i, token in enumerate(["[PAD]", "[BOS]", "[EOS]", "[UNK]", "[MASK]", "[CLS]", "[SEP]", *words])
+    }
     backend = Backend(models.WordPiece(vocab=vocab, unk_token="[UNK]"))
     backend.normalizer = normalizers.BertNormalizer(lowercase=True)
     backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -285,7 +288,10 @@ def test_tokenizer_from_json_loads_or_raises_tokenizer_error(document: Any) -> N
 
 
 @SETTINGS
-@given(content=files | st.builds(lambda s: s.encode("utf-8", "surrogatepass"), any_text), suffix=st.sampled_from([".json", ".txt"]))
+@given(
+    content=files | st.builds(lambda s: s.encode("utf-8", "surrogatepass"), any_text),
+    suffix=st.sampled_from([".json", ".txt"]),
+)
 def test_tokenizer_file_loads_or_raises_tokenizer_error(content: bytes, suffix: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"tokenizer{suffix}"

@@ -38,8 +38,9 @@ def test_comparison_size_matches_the_reference_within_3_percent(bench):
 
 
 def test_analytic_flops_agree_with_flop_counter(bench):
-    cfg = bench.BenchConfig(image=32, patch=8, dim=64, heads=2, enc_layers=2, dec_layers=2, vocab=128,
-                            text_len=9, batch=3)
+    cfg = bench.BenchConfig(
+        image=32, patch=8, dim=64, heads=2, enc_layers=2, dec_layers=2, vocab=128, text_len=9, batch=3
+    )
     torch.manual_seed(0)
     model = bench.build_mmtx(cfg)
     images = torch.randn(cfg.batch, 3, cfg.image, cfg.image)
@@ -70,18 +71,63 @@ def test_decode_floor_is_memory_bound_for_greedy_and_grows_with_rows(bench):
 
 
 def test_bench_script_runs_and_prints_every_field(tmp_path):
-    tiny = ["--image", "32", "--patch", "16", "--dim", "32", "--heads", "2", "--enc-layers", "1",
-            "--dec-layers", "1", "--vocab", "64", "--text-len", "6", "--batch", "2", "--steps", "3",
-            "--warmup", "1", "--gen-batch", "2", "--new-tokens", "4", "--beams", "2", "--loss-curve", "2", "--profile", "2"]
+    tiny = [
+        "--image",
+        "32",
+        "--patch",
+        "16",
+        "--dim",
+        "32",
+        "--heads",
+        "2",
+        "--enc-layers",
+        "1",
+        "--dec-layers",
+        "1",
+        "--vocab",
+        "64",
+        "--text-len",
+        "6",
+        "--batch",
+        "2",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--gen-batch",
+        "2",
+        "--new-tokens",
+        "4",
+        "--beams",
+        "2",
+        "--loss-curve",
+        "2",
+        "--profile",
+        "2",
+    ]
     proc = subprocess.run([sys.executable, str(SCRIPT), *tiny], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1, proc.stdout  # one JSON line; progress went to stderr
     r = json.loads(lines[0])
-    interface = ["params", "train_step_ms", "train_step_ms_bf16", "greedy_tokens_per_s", "beam_tokens_per_s",
-                 "greedy_tokens_per_s_bf16", "beam_tokens_per_s_bf16", "peak_rss_mb"]
-    measured = ["train_images_per_s", "train_images_per_s_bf16", "matmul_peak_gflops_fp32",
-               "matmul_peak_gflops_bf16", "encode_ms", "memory_bandwidth_gbs"]
+    interface = [
+        "params",
+        "train_step_ms",
+        "train_step_ms_bf16",
+        "greedy_tokens_per_s",
+        "beam_tokens_per_s",
+        "greedy_tokens_per_s_bf16",
+        "beam_tokens_per_s_bf16",
+        "peak_rss_mb",
+    ]
+    measured = [
+        "train_images_per_s",
+        "train_images_per_s_bf16",
+        "matmul_peak_gflops_fp32",
+        "matmul_peak_gflops_bf16",
+        "encode_ms",
+        "memory_bandwidth_gbs",
+    ]
     rates = ["train_gflops", "mfu_fp32", "mfu_bf16", "greedy_step_floor_ms", "beam_step_floor_ms"]
     for key in interface + measured:
         assert isinstance(r[key], (int, float)) and r[key] > 0, key
@@ -99,8 +145,15 @@ def test_bench_script_runs_and_prints_every_field(tmp_path):
     assert abs(sum(kinds.values()) - r["profile_busy"] * r["profile_step_ms"]) < 0.05 * r["profile_step_ms"]
     assert r["profile_top"] and all(ms > 0 for _, ms in r["profile_top"])
     if HAS_TRANSFORMERS:
-        for key in ("ref_params", "ref_train_step_ms", "ref_greedy_tokens_per_s", "ref_encode_ms",
-                    "speedup_train_fp32", "speedup_beam_fp32", "params_ratio"):
+        for key in (
+            "ref_params",
+            "ref_train_step_ms",
+            "ref_greedy_tokens_per_s",
+            "ref_encode_ms",
+            "speedup_train_fp32",
+            "speedup_beam_fp32",
+            "params_ratio",
+        ):
             assert r[key] > 0, key
 
 
@@ -128,10 +181,39 @@ def test_bench_rejects_bad_sizes():
 
 
 def test_bench_measures_only_the_precisions_asked_for():
-    tiny = ["--image", "32", "--patch", "16", "--dim", "32", "--heads", "2", "--enc-layers", "1",
-            "--dec-layers", "1", "--vocab", "64", "--text-len", "6", "--batch", "2", "--steps", "1",
-            "--warmup", "1", "--gen-batch", "2", "--new-tokens", "4", "--beams", "2", "--no-reference",
-            "--precisions", "bf16"]
+    tiny = [
+        "--image",
+        "32",
+        "--patch",
+        "16",
+        "--dim",
+        "32",
+        "--heads",
+        "2",
+        "--enc-layers",
+        "1",
+        "--dec-layers",
+        "1",
+        "--vocab",
+        "64",
+        "--text-len",
+        "6",
+        "--batch",
+        "2",
+        "--steps",
+        "1",
+        "--warmup",
+        "1",
+        "--gen-batch",
+        "2",
+        "--new-tokens",
+        "4",
+        "--beams",
+        "2",
+        "--no-reference",
+        "--precisions",
+        "bf16",
+    ]
     proc = subprocess.run([sys.executable, str(SCRIPT), *tiny], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)

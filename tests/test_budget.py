@@ -49,7 +49,10 @@ def _lrs(run: Path) -> list[float]:
 
 @pytest.mark.slow
 def test_two_runs_of_a_step_budget_follow_one_schedule_on_a_slow_machine(
-    tiny: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    tiny: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The second run's clock goes 10000 times as fast (a machine that slow would use up the CPU
     preset's 8 minutes within the first step): with trainer.max_steps given, both runs train every
@@ -63,7 +66,11 @@ def test_two_runs_of_a_step_budget_follow_one_schedule_on_a_slow_machine(
     monkeypatch.setattr(Timer, "time_elapsed", lambda self, *stage: 1e4 * elapsed(self, *stage))
     train_in_process([*run, f"paths.output_dir={tmp_path / 'slow'}"])
     assert len(_lrs(tmp_path / "a")) == 8 and _lrs(tmp_path / "slow") == _lrs(tmp_path / "a")
-    off = [r for r in caplog.records if "trainer.max_steps=8 and trainer.max_epochs=2; the preset's time budget is off" in r.message]
+    off = [
+        r
+        for r in caplog.records
+        if "trainer.max_steps=8 and trainer.max_epochs=2; the preset's time budget is off" in r.message
+    ]
     assert len(off) == 2 and off[0].levelno == logging.INFO
 
     caplog.clear()

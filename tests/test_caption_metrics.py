@@ -189,9 +189,7 @@ def test_mismatched_ids_raise_naming_them() -> None:
         ({1: "a dog"}, {1: ["a dog", None]}, r"references\[1\] must contain only strings"),
     ],
 )
-def test_malformed_inputs_raise_value_error(
-    predictions: dict, references: dict, message: str
-) -> None:
+def test_malformed_inputs_raise_value_error(predictions: dict, references: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         caption_metrics(predictions, references)
 

@@ -121,8 +121,13 @@ def test_checkpoints_record_absolute_data_paths_and_eval_names_missing(
     from tests.bad_inputs import write_tiny_checkpoint
 
     monkeypatch.chdir(tmp_path)
-    cfg = compose_train(["data=coco", "data.max_length=24", *(f"data.{s}.{f}=mydata/{s}_{f}" for s in ("train", "val")
-                                        for f in ("annotations", "images"))])  # fmt: skip (24: the tiny model's)
+    cfg = compose_train(
+        [
+            "data=coco",
+            "data.max_length=24",
+            *(f"data.{s}.{f}=mydata/{s}_{f}" for s in ("train", "val") for f in ("annotations", "images")),
+        ]
+    )  # fmt: skip (24: the tiny model's)
     absolute_data_paths(cfg.data)
     assert cfg.data.val.annotations == str(tmp_path / "mydata" / "val_annotations")
     assert cfg.data.train.images == str(tmp_path / "mydata" / "train_images")
@@ -153,5 +158,7 @@ def test_unknown_data_module_in_a_checkpoint_is_named_with_the_override(cli, tmp
     result = cli.run("mmtx-eval", f"ckpt={ckpt}", cwd=tmp_path, check=False)
     assert result.returncode == 1, cli.describe(result)
     message = result.stderr.strip()
-    assert len(message.splitlines()) == 1 and message.startswith(f"mmtx: {ckpt} records a data module this mmtx cannot build")
+    assert len(message.splitlines()) == 1 and message.startswith(
+        f"mmtx: {ckpt} records a data module this mmtx cannot build"
+    )
     assert "mmtx.data.datamodule.CocoCaptions" in message and "data=coco data.val.annotations=FILE" in message

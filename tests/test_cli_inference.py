@@ -63,7 +63,8 @@ def test_inference_commands_read_an_export_directory_like_the_checkpoint(
         ("mmtx-caption", f"ckpt={trained.last}", listed),
         ("mmtx-caption", f"ckpt={export}", listed),
         ("mmtx-eval", f"ckpt={export}"),  # an export records no data set: say so, in one line
-        cwd=tmp_path, check=False,
+        cwd=tmp_path,
+        check=False,
     )
     captions = [line.split("\t") for line in from_export.stdout.splitlines() if "\t" in line]
     assert len(captions) == 2 and from_export.stdout == from_ckpt.stdout, cli.describe(from_export)
@@ -86,4 +87,6 @@ def test_help_of_each_inference_command_says_what_it_does_with_examples(cli, app
 def test_vqa_with_an_image_and_no_question_is_one_line_before_loading(cli, tmp_path: Path) -> None:
     result = cli.run("mmtx-vqa", "ckpt=missing.ckpt", "image=a.jpg", cwd=tmp_path, check=False)
     assert result.returncode == 1, cli.describe(result)
-    assert result.stderr.strip() == 'mmtx: give image=FILE question="..." or questions=FILE.json images=DIR (given: image)'
+    assert (
+        result.stderr.strip() == 'mmtx: give image=FILE question="..." or questions=FILE.json images=DIR (given: image)'
+    )

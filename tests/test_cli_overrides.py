@@ -30,8 +30,15 @@ def test_compose_config(tiny: list[str], tmp_path: Path) -> None:
 def test_multirun_sweeps_seeds_into_numbered_jobs(cli, tiny: list[str], tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     cli.run(
-        "mmtx-train", "-m", "seed=0,1", *tiny, "trainer.max_steps=2", "logger=none", "data.batch_size=16",
-        f"hydra.sweep.dir={sweep}", cwd=tmp_path,
+        "mmtx-train",
+        "-m",
+        "seed=0,1",
+        *tiny,
+        "trainer.max_steps=2",
+        "logger=none",
+        "data.batch_size=16",
+        f"hydra.sweep.dir={sweep}",
+        cwd=tmp_path,
     )
     weights = []
     for job, seed in ((0, 0), (1, 1)):
@@ -50,7 +57,8 @@ def test_wrong_overrides_fail_with_a_message_naming_them(cli, tiny: list[str], t
     bad_key, bad_value = cli.run_many(
         ("mmtx-train", *common, "model.encoder.nonsense=1"),
         ("mmtx-train", *common, "model.encoder.pos_embed=alibi"),
-        cwd=tmp_path, check=False,
+        cwd=tmp_path,
+        check=False,
     )
     assert bad_key.returncode != 0, cli.describe(bad_key)
     assert "model.encoder.nonsense" in bad_key.stderr + bad_key.stdout
@@ -79,8 +87,14 @@ def test_help_lists_the_config_groups(cli, tmp_path: Path) -> None:
 def test_too_few_examples_for_one_batch_fail_naming_the_batch_size(cli, tiny: list[str], tmp_path: Path) -> None:
     """A training split smaller than one batch would train 0 steps and exit 0: it must fail instead."""
     result = cli.run(
-        "mmtx-train", *tiny, "logger=none", "data.num_train=6", "data.batch_size=64",
-        f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, check=False,
+        "mmtx-train",
+        *tiny,
+        "logger=none",
+        "data.num_train=6",
+        "data.batch_size=64",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+        check=False,
     )
     assert result.returncode == 1, cli.describe(result)
     last = result.stderr.strip().splitlines()[-1]
@@ -91,8 +105,14 @@ def test_too_few_examples_for_one_batch_fail_naming_the_batch_size(cli, tiny: li
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
 def test_gpu_preset_on_a_cpu_machine_fails_before_touching_the_data(cli, tmp_path: Path) -> None:
     data = tmp_path / "data"
-    result = cli.run("mmtx-train", "trainer=gpu", f"paths.data_dir={data}", f"hydra.run.dir={tmp_path / 'run'}",
-                     cwd=tmp_path, check=False)
+    result = cli.run(
+        "mmtx-train",
+        "trainer=gpu",
+        f"paths.data_dir={data}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+        check=False,
+    )
     assert result.returncode == 1, cli.describe(result)
     assert "trainer.accelerator=gpu: this machine has no GPU" in result.stderr and "trainer=cpu" in result.stderr
     assert not data.exists()

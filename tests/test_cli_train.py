@@ -194,7 +194,11 @@ def test_mmtx_train_logs_to_wandb_offline(resumed, trained: Run) -> None:
     assert run.config["paths"]["output_dir"] == str(run_dir)
     assert run.config["model"]["encoder"]["dim"] == 32 and run.config["model"]["decoder"]["context_dim"] == 32
     assert run.config["tokenizer"] == {
-        "path": None, "kind": "wordpiece", "vocab_size": 60, "min_frequency": 1, "add_words": False,
+        "path": None,
+        "kind": "wordpiece",
+        "vocab_size": 60,
+        "min_frequency": 1,
+        "add_words": False,
     }
     assert run.config["task"]["lr"] == pytest.approx(3e-3)
 

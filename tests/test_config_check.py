@@ -174,7 +174,9 @@ def test_eval_checks_split_image_size_and_data(tmp_path: Path) -> None:
     assert "generation: invalid settings: top_p=2" in message
     message = _problems(_eval_cfg(f"ckpt={ckpt}", "data=coco", "data.on_bad_image=maybe"), check_eval_config)
     assert "data.on_bad_image='maybe' is not one of error, skip" in message
-    check_eval_config(_eval_cfg(f"ckpt={ckpt}", "image_size=48", "data=coco", "data.val.annotations=a", "data.val.images=b"))
+    check_eval_config(
+        _eval_cfg(f"ckpt={ckpt}", "image_size=48", "data=coco", "data.val.annotations=a", "data.val.images=b")
+    )
     assert "ckpt is not set: give the checkpoint to evaluate" in _problems(_eval_cfg(), check_eval_config)
 
 
@@ -182,7 +184,8 @@ def test_the_command_line_reports_config_errors_without_a_traceback(cli, tmp_pat
     bad_value, bad_group = cli.run_many(
         ("mmtx-train", "model.encoder.dim=30", "logger=none", f"hydra.run.dir={tmp_path / 'a'}"),
         ("mmtx-train", "data=imagenet", f"hydra.run.dir={tmp_path / 'b'}"),
-        cwd=tmp_path, check=False,
+        cwd=tmp_path,
+        check=False,
     )
     assert bad_value.returncode == 1, cli.describe(bad_value)
     assert "mmtx: invalid config:\n  model.encoder.dim=30 is not divisible" in bad_value.stderr
@@ -193,11 +196,14 @@ def test_the_command_line_reports_config_errors_without_a_traceback(cli, tmp_pat
 
 def test_a_gpu_preset_without_a_gpu_is_refused_naming_the_cpu_preset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    assert "trainer.accelerator=gpu: this machine has no GPU that torch can use; train on the CPU with trainer=cpu" \
+    assert (
+        "trainer.accelerator=gpu: this machine has no GPU that torch can use; train on the CPU with trainer=cpu"
         in _problems(_train_cfg("trainer=gpu"))
+    )
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert "trainer.devices=4: only 2 GPU(s) are visible; use trainer.devices<=2" in _problems(
-        _train_cfg("trainer=gpu", "trainer.devices=4"))
+        _train_cfg("trainer=gpu", "trainer.devices=4")
+    )
 
 
 def test_more_cpu_processes_than_cores_and_fp16_on_the_cpu_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -209,8 +215,9 @@ def test_more_cpu_processes_than_cores_and_fp16_on_the_cpu_are_refused(monkeypat
 
 
 def test_a_misspelt_trainer_argument_is_named_with_the_right_one() -> None:
-    assert "trainer.max_step is not an argument of lightning's Trainer (did you mean trainer.max_steps?)" \
-        in _problems(_train_cfg("+trainer.max_step=3"))
+    assert "trainer.max_step is not an argument of lightning's Trainer (did you mean trainer.max_steps?)" in _problems(
+        _train_cfg("+trainer.max_step=3")
+    )
 
 
 def test_every_unset_data_file_is_named_at_once() -> None:
@@ -218,8 +225,9 @@ def test_every_unset_data_file_is_named_at_once() -> None:
     for key in ("data.train.annotations", "data.train.images", "data.val.annotations"):
         assert f"{key} is not set" in message
     assert "data.val.images" not in message
-    assert "data.val.images is not set" in _problems(_eval_cfg("ckpt=x.ckpt", "data=coco", "data.val.annotations=a.json"),
-                                                     check=check_eval_config)
+    assert "data.val.images is not set" in _problems(
+        _eval_cfg("ckpt=x.ckpt", "data=coco", "data.val.annotations=a.json"), check=check_eval_config
+    )
 
 
 def test_file_data_sets_start_one_loader_worker_fewer_than_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:

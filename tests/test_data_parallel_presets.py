@@ -64,10 +64,13 @@ def test_a_backbone_built_without_a_part_refuses_what_needs_it() -> None:
                               TextEncoder(vocab_size=30, dim=32, depth=1, num_heads=2, max_length=8),
                               co_layers=1, pooler=False, patch_masking=False)  # fmt: skip
     assert backbone.mask_token is None and backbone.vision_pool is None and backbone.text_pool is None
-    with pytest.raises(ValueError, match="pooling='product' reads the backbone's pooled output: build it with backbone.pooler=true"):
+    with pytest.raises(
+        ValueError, match="pooling='product' reads the backbone's pooled output: build it with backbone.pooler=true"
+    ):
         VqaClassifier(backbone, num_answers=3, pooling="product")
     assert VqaClassifier(backbone, num_answers=3, pooling="max")(
-        torch.randn(2, 3, 32, 32), torch.ones(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.bool)).shape == (2, 3)
+        torch.randn(2, 3, 32, 32), torch.ones(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.bool)
+    ).shape == (2, 3)
     with pytest.raises(ValueError, match="built without a mask token"):
         backbone.encode_vision(torch.randn(2, 3, 32, 32), torch.zeros(2, 16, dtype=torch.bool))
 

@@ -32,7 +32,9 @@ def repeating_checkpoint(path: Path, word: str = "red") -> Path:
     tokenizer = Tokenizer.from_str(ckpt["hyper_parameters"]["tokenizer"])
     state = ckpt["state_dict"]
     state["model.decoder.body.norm.weight"].zero_()
-    state["model.decoder.body.norm.bias"].copy_(1000 * state["model.decoder.body.token_embed.weight"][tokenizer.backend.token_to_id(word)])
+    state["model.decoder.body.norm.bias"].copy_(
+        1000 * state["model.decoder.body.token_embed.weight"][tokenizer.backend.token_to_id(word)]
+    )
     torch.save(ckpt, path)
     return path
 
@@ -79,7 +81,9 @@ def test_the_demo_page_captions_an_upload_shows_a_heat_map_and_refuses_a_text_fi
             page.goto(f"http://127.0.0.1:{port}/")
             page.wait_for_selector("#run", timeout=60_000)  # the app has rendered
             page.locator("#upload input[type=file]").set_input_files(str(image))
-            sync_api.expect(page.locator("#upload")).to_contain_text(re.compile(r"photo\s*\.png"), timeout=30_000)  # uploaded
+            sync_api.expect(page.locator("#upload")).to_contain_text(
+                re.compile(r"photo\s*\.png"), timeout=30_000
+            )  # uploaded
             page.click("#run")
             caption = page.locator("#caption textarea")
             sync_api.expect(caption).to_have_value(re.compile(r"^red( red)*$"), timeout=60_000)

@@ -68,7 +68,9 @@ def test_error_stops_before_training_naming_every_culprit(dirty: DirtyCoco, tmp_
 
 
 def test_mmtx_train_prints_the_bad_data_in_one_message(cli, dirty: DirtyCoco, tmp_path: Path) -> None:
-    result = cli.run("mmtx-train", *RUN, *dirty.overrides(), f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, check=False)
+    result = cli.run(
+        "mmtx-train", *RUN, *dirty.overrides(), f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, check=False
+    )
     assert result.returncode == 1, cli.describe(result)
     assert "mmtx: bad data in the train split:" in result.stderr and "Traceback" not in result.stderr
     assert all(path in result.stderr for path in dirty.bad_images)

@@ -23,8 +23,14 @@ def runs(cli, tiny: list[str], tmp_path_factory: pytest.TempPathFactory) -> dict
     """One process with batch 16 and two processes with batch 8 each, from the same seed, at once."""
     root = tmp_path_factory.mktemp("ddp")
     common = [
-        *tiny, *DATA, f"paths.data_dir={root / 'data'}", "logger=csv", "trainer.log_every_n_steps=1",
-        f"trainer.max_steps={STEPS}", "trainer.limit_val_batches=1", "data.crop_scale=[0.5,1.0]",
+        *tiny,
+        *DATA,
+        f"paths.data_dir={root / 'data'}",
+        "logger=csv",
+        "trainer.log_every_n_steps=1",
+        f"trainer.max_steps={STEPS}",
+        "trainer.limit_val_batches=1",
+        "data.crop_scale=[0.5,1.0]",
         "model.decoder.dropout=0",  # dropout masks are drawn per process: not comparable
     ]
     # the data set is drawn before the two runs start, so they don't both write it; each run, and
@@ -65,12 +71,19 @@ def test_distributed_eval_equals_single_process_eval(cli, runs: dict[str, Path],
     for name, extra in (("one", []), ("two", ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"])):
         out = tmp_path / name
         run = cli.run(
-            "mmtx-eval", f"ckpt={ckpt}", f"output={out}/metrics.json", f"predictions={out}/predictions.json",
-            *extra, cwd=tmp_path,
+            "mmtx-eval",
+            f"ckpt={ckpt}",
+            f"output={out}/metrics.json",
+            f"predictions={out}/predictions.json",
+            *extra,
+            cwd=tmp_path,
         )
         members = re.findall(r"MEMBER: (\d+)/(\d+)", run.stdout + run.stderr)  # Lightning's line per process
         assert sorted(members) == ([] if name == "one" else [("1", "2"), ("2", "2")]), members
-        results[name] = (json.loads((out / "metrics.json").read_text()), json.loads((out / "predictions.json").read_text()))
+        results[name] = (
+            json.loads((out / "metrics.json").read_text()),
+            json.loads((out / "predictions.json").read_text()),
+        )
     (m1, p1), (m2, p2) = results["one"], results["two"]
     assert len(p1) == 21 and sorted(p["image_id"] for p in p2) == sorted(p["image_id"] for p in p1)
     assert sorted(p1, key=lambda p: p["image_id"]) == sorted(p2, key=lambda p: p["image_id"])
@@ -103,8 +116,15 @@ def test_a_nonfinite_loss_in_one_process_is_skipped_by_both(cli, tiny: list[str]
     """A NaN loss on the second process only, with callbacks.nonfinite_loss.action=skip: both drop
     that update (or DDP's averaged gradient would make every weight NaN), training goes on, and
     train/skipped_steps is logged."""
-    _ddp_run(cli, tiny, tmp_path / "run", "callbacks.nonfinite_loss.action=skip",
-             "+callbacks.nan._target_=tests.helpers.NanImagesAtStep", "+callbacks.nan.step=2", "+callbacks.nan.rank=1")
+    _ddp_run(
+        cli,
+        tiny,
+        tmp_path / "run",
+        "callbacks.nonfinite_loss.action=skip",
+        "+callbacks.nan._target_=tests.helpers.NanImagesAtStep",
+        "+callbacks.nan.step=2",
+        "+callbacks.nan.rank=1",
+    )
     last = read_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")
     assert last["global_step"] == STEPS
     assert all(torch.isfinite(w).all() for w in last["state_dict"].values() if w.is_floating_point())

@@ -146,6 +146,9 @@ class DryRun:
         elif name == "wandb":
             if len(args) != 2 or args[0] != "sync":
                 self.fail(where, words, "expected: wandb sync DIR")
+        elif name == "ruff":
+            if args not in (["check", "."], ["format", "--check", "."]):
+                self.fail(where, words, "expected: ruff check . or ruff format --check .")
         elif name in (".", "source"):
             if len(args) != 1 or not args[0].endswith("/bin/activate"):
                 self.fail(where, words, "expected: . VENV/bin/activate")
@@ -295,6 +298,7 @@ class DryRun:
         except Exception as e:  # noqa: BLE001 - any composition error is the finding
             return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
         return None
+
 
 def sweep_combinations(parsed: list) -> list[list[str]]:
     """Override lists that between them use every value of every sweep (the line itself when it

@@ -8,7 +8,6 @@ refused naming the file.
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import os
 import shutil
@@ -19,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 from hydra.utils import instantiate
-from safetensors import safe_open
 from omegaconf import OmegaConf
+from safetensors import safe_open
 
 from mmtx.checkpoint import DATA_KEY, TASK_KEY
 from mmtx.data.tokenizer import Tokenizer
@@ -175,6 +174,7 @@ def test_broken_export_weights_are_refused_naming_the_file(tmp_path: Path, wordp
 
 
 # --------------------------------------------------------------- from pretrained files, by config
+
 
 def test_caption_pretrained_config_imports_vit_and_gpt2_and_exports_self_contained(tmp_path: Path, cli) -> None:
     """``model=caption_pretrained`` with a Hugging Face ViT and a GPT-2 directory (tokenizer from

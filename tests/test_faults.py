@@ -23,15 +23,15 @@ from mmtx.tasks.base import RNG_KEY
 from tests.conftest import TINY_MODEL
 from tests.helpers import TINY_TWO_STREAM, compose_train, recorded_batches
 
-
-
 # ------------------------------------------------------------------------------ data order
 
 
 def test_processes_share_out_the_global_batches_of_one_process() -> None:
     """Global batch k of 3 processes (batch 4 each) holds exactly batch k of one process (batch 12)."""
     one = list(ShardedBatchSampler(50, 12, shuffle=True, drop_last=True, seed=7))
-    three = [list(ShardedBatchSampler(50, 4, shuffle=True, drop_last=True, seed=7, rank=r, world_size=3)) for r in range(3)]
+    three = [
+        list(ShardedBatchSampler(50, 4, shuffle=True, drop_last=True, seed=7, rank=r, world_size=3)) for r in range(3)
+    ]
     assert len(one) == 4 and all(len(p) == 4 for p in three)
     for k, batch in enumerate(one):
         assert batch == three[0][k] + three[1][k] + three[2][k]  # in rank order: gathered, one process's batch
@@ -52,8 +52,10 @@ def test_grouped_order_keeps_each_group_together_and_shares_out_like_one_process
     assert sorted(order) == list(range(48))
     runs = [groups[i] for k, i in enumerate(order) if k == 0 or groups[order[k - 1]] != groups[i]]
     assert len(runs) == 16 and runs != sorted(runs, reverse=True)  # contiguous groups, shuffled
-    two = [list(ShardedBatchSampler(48, 6, shuffle=True, drop_last=True, seed=3, rank=r, world_size=2,
-                                    groups=groups)) for r in range(2)]
+    two = [
+        list(ShardedBatchSampler(48, 6, shuffle=True, drop_last=True, seed=3, rank=r, world_size=2, groups=groups))
+        for r in range(2)
+    ]
     for k, batch in enumerate(one):
         assert sorted(batch) == sorted(two[0][k] + two[1][k])
         assert two[0][k] == batch[:6]  # a contiguous slice: a group stays on one process
@@ -141,10 +143,17 @@ class _Regression(L.LightningModule):
 
 
 def _fit(module: L.LightningModule, tmp_path: Path, *callbacks: L.Callback, steps: int = 6) -> L.Trainer:
-    every_step = L.pytorch.callbacks.ModelCheckpoint(tmp_path, "last", every_n_train_steps=1, enable_version_counter=False)
+    every_step = L.pytorch.callbacks.ModelCheckpoint(
+        tmp_path, "last", every_n_train_steps=1, enable_version_counter=False
+    )
     trainer = L.Trainer(
-        max_steps=steps, callbacks=[*callbacks, every_step], logger=False, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=tmp_path, plugins=[AtomicCheckpointIO()],
+        max_steps=steps,
+        callbacks=[*callbacks, every_step],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        plugins=[AtomicCheckpointIO()],
     )
     trainer.fit(module)
     return trainer
@@ -236,7 +245,9 @@ def _whole_and_stopped(cli, tiny: list[str], tmp_path: Path, task: str, *setting
              f"+callbacks.fault.signal={signal_name}", f"+callbacks.fault.rank={rank}")  # fmt: skip
     whole, stopped = cli.run_many(
         _command(tiny, task, tmp_path / "whole", "ids", *settings),
-        _command(tiny, task, tmp_path / "stopped", "ids-first", *settings, *fault), cwd=tmp_path, check=False,
+        _command(tiny, task, tmp_path / "stopped", "ids-first", *settings, *fault),
+        cwd=tmp_path,
+        check=False,
     )
     assert whole.returncode == 0, cli.describe(whole)
     return stopped
@@ -266,7 +277,9 @@ def _assert_same_state(a: Path, b: Path) -> None:
     assert x["state_dict"].keys() == y["state_dict"].keys()
     different = [k for k in x["state_dict"] if not torch.equal(x["state_dict"][k], y["state_dict"][k])]
     assert not different, f"weights differ from the uninterrupted run: {different[:5]}"
-    for p, q in zip(x["optimizer_states"][0]["state"].values(), y["optimizer_states"][0]["state"].values(), strict=True):
+    for p, q in zip(
+        x["optimizer_states"][0]["state"].values(), y["optimizer_states"][0]["state"].values(), strict=True
+    ):
         assert all(torch.equal(p[k], q[k]) for k in p)
 
 
@@ -285,7 +298,9 @@ def test_killed_run_resumed_from_last_ckpt_ends_bit_identical(cli, tiny: list[st
 
 
 @pytest.mark.slow
-def test_resume_with_loader_workers_and_bf16_autocast_is_exact(cli, tiny: list[str], tmp_path: Path, repo_on_path) -> None:
+def test_resume_with_loader_workers_and_bf16_autocast_is_exact(
+    cli, tiny: list[str], tmp_path: Path, repo_on_path
+) -> None:
     """The same as the SIGTERM case with two loader workers (random crops drawn in the workers)
     and bf16 autocast: resumed, the run ends where the uninterrupted one does, bit for bit."""
     settings = ("data.num_workers=2", "trainer.precision=bf16-mixed")
@@ -308,7 +323,9 @@ def test_sigterm_saves_and_exits_then_resumes_exactly(cli, tiny: list[str], tmp_
 
 
 @pytest.mark.slow
-def test_two_processes_resume_with_each_ones_own_random_state(cli, tiny: list[str], tmp_path: Path, repo_on_path) -> None:
+def test_two_processes_resume_with_each_ones_own_random_state(
+    cli, tiny: list[str], tmp_path: Path, repo_on_path
+) -> None:
     """2 processes (``trainer=ddp_cpu``, batch 16 each), dropout on: each process draws its own
     dropout masks, and only process 0 writes the checkpoint, which holds both processes'
     generators. SIGTERM to process 1 after step 4 (both stop, last.ckpt of step 5), resume: both

@@ -12,7 +12,6 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from hydra.utils import instantiate
 from PIL import Image
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -88,8 +87,9 @@ def test_mmtx_train_gets_the_progress_bar_and_summary_unless_the_trainer_config_
 
 
 @pytest.mark.slow
-def test_mmtx_train_shows_the_steps_left_and_no_flops(cli, tiny: list[str], tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mmtx_train_shows_the_steps_left_and_no_flops(
+    cli, tiny: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("COLUMNS", "200")  # the console's width where it is no terminal: one line a bar
     result = cli.run("mmtx-train", *tiny, "trainer.enable_progress_bar=true", "trainer.max_epochs=-1",
                      "trainer.max_steps=3", "logger=none", f"hydra.run.dir={tmp_path}", cwd=tmp_path)  # fmt: skip
@@ -116,7 +116,8 @@ def test_a_misspelt_key_is_one_line_naming_the_closest_key(cli, tmp_path: Path) 
     typo, added = cli.run_many(
         ("mmtx-train", "data.batchsize=8", f"paths.data_dir={data}"),
         ("mmtx-train", "+data.batchsize=8", f"paths.data_dir={data}", f"hydra.run.dir={tmp_path / 'run'}"),
-        cwd=tmp_path, check=False,
+        cwd=tmp_path,
+        check=False,
     )
     assert typo.returncode == 1, cli.describe(typo)
     # Hydra's own: "Could not override 'data.batchsize'. To append to your config use +data.batchsize=8"
@@ -238,7 +239,7 @@ def test_files_written_through_a_temporary_file_get_the_mode_open_gives(tmp_path
     previous = os.umask(0o022)
     try:
         task = build_task(TINY_CAPTIONER, Tokenizer.train(CAPTIONS * 5, vocab_size=60))
-        out = export_task(task, tmp_path / "export")
+        export_task(task, tmp_path / "export")
         atomic_write_json(tmp_path / "captions.json", {"images": []})
         build_once(tmp_path / "drawn", {"format": "test"}, [], lambda staging, meta: (staging / "a").write_text("a"),
                    "test set")  # fmt: skip

@@ -11,7 +11,15 @@ BOS, EOS, PAD = 1, 2, 0
 
 def run(model, images, **cfg):
     gen = torch.Generator().manual_seed(0) if cfg.get("do_sample") else None
-    return generate(model.decoder, model.encode(images), bos_id=BOS, eos_id=EOS, pad_id=PAD, config=GenerationConfig(**cfg), generator=gen)
+    return generate(
+        model.decoder,
+        model.encode(images),
+        bos_id=BOS,
+        eos_id=EOS,
+        pad_id=PAD,
+        config=GenerationConfig(**cfg),
+        generator=gen,
+    )
 
 
 def log_prob(model, images, tokens):
@@ -32,10 +40,15 @@ def images():
     return torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1))
 
 
-@pytest.mark.parametrize("settings", [
-    {}, {"num_beams": 3}, {"num_beams": 4, "length_penalty": 0.6, "early_stopping": False},
-    {"do_sample": True, "top_k": 10, "top_p": 0.9, "temperature": 0.8},
-])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"num_beams": 3},
+        {"num_beams": 4, "length_penalty": 0.6, "early_stopping": False},
+        {"do_sample": True, "top_k": 10, "top_p": 0.9, "temperature": 0.8},
+    ],
+)
 def test_cached_equals_uncached(model, images, settings):
     cached = run(model, images, max_new_tokens=12, **settings)
     uncached = run(model, images, max_new_tokens=12, use_cache=False, **settings)
@@ -81,9 +94,15 @@ def test_sampling_is_reproducible_and_varies_with_seed(model, images):
     a = run(model, images, max_new_tokens=12, do_sample=True)
     b = run(model, images, max_new_tokens=12, do_sample=True)
     assert torch.equal(a, b)
-    other = generate(model.decoder, model.encode(images), bos_id=BOS, eos_id=EOS, pad_id=PAD,
-                     config=GenerationConfig(max_new_tokens=12, do_sample=True),
-                     generator=torch.Generator().manual_seed(123))
+    other = generate(
+        model.decoder,
+        model.encode(images),
+        bos_id=BOS,
+        eos_id=EOS,
+        pad_id=PAD,
+        config=GenerationConfig(max_new_tokens=12, do_sample=True),
+        generator=torch.Generator().manual_seed(123),
+    )
     assert not torch.equal(a, other)
 
 
@@ -109,8 +128,9 @@ def test_an_eos_that_is_also_the_bos_ends_captions() -> None:
     model = tiny_captioner()
     images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        out = generate(model.decoder, model.encode(images), bos_id=5, eos_id=5, pad_id=0,
-                       config=GenerationConfig(max_new_tokens=6))
+        out = generate(
+            model.decoder, model.encode(images), bos_id=5, eos_id=5, pad_id=0, config=GenerationConfig(max_new_tokens=6)
+        )
     assert out.tolist() == [[5], [5]]  # both images' most likely first token is the EOS
 
 
@@ -135,11 +155,13 @@ def test_greedy_keeps_an_eos_that_is_also_the_padding() -> None:
 
     E = 2
     script = [[4, E, 5, 5, 5, 5, 5], [3, 4, 5, E, 6, 6, 6]]
-    out = _greedy_or_sample(_ScriptedStepper(script), 2, GenerationConfig(max_new_tokens=7), BOS, E, E,
-                            torch.device("cpu"), None)
+    out = _greedy_or_sample(
+        _ScriptedStepper(script), 2, GenerationConfig(max_new_tokens=7), BOS, E, E, torch.device("cpu"), None
+    )
     assert out.tolist() == [[4, E, E, E], [3, 4, 5, E]]
     # a row that never ends keeps every step
     script[1] = [3, 4, 5, 6, 6, 6, 6]
-    out = _greedy_or_sample(_ScriptedStepper(script), 2, GenerationConfig(max_new_tokens=7), BOS, E, E,
-                            torch.device("cpu"), None)
+    out = _greedy_or_sample(
+        _ScriptedStepper(script), 2, GenerationConfig(max_new_tokens=7), BOS, E, E, torch.device("cpu"), None
+    )
     assert out.tolist() == [[4, E, E, E, E, E, E], [3, 4, 5, 6, 6, 6, 6]]

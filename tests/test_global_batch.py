@@ -46,7 +46,9 @@ def global_batch() -> tuple[torch.Tensor, ...]:
     return images, ids, ids != 0, image_ids
 
 
-def step(model: TwoStreamPretrainer, batch: GlobalBatch, rows: slice) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+def step(
+    model: TwoStreamPretrainer, batch: GlobalBatch, rows: slice
+) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     """One forward and backward on ``rows`` of the global batch (texts cut to their own longest)."""
     images, ids, mask, image_ids = (t[rows] for t in global_batch())
     width = int(mask.sum(1).max())
@@ -92,14 +94,25 @@ def test_two_processes_compute_the_losses_and_gradients_of_one(tmp_path: Path) -
 
 def test_draws_for_the_global_batch_are_one_process_draws_sliced() -> None:
     """Each process's masks and negatives are its rows of those one process draws for the batch."""
+
     def draws(rank: int, world_size: int) -> GlobalBatch:
-        return GlobalBatch(rank, world_size, lambda x: x[None].expand(world_size, *x.shape), torch.Generator().manual_seed(3))
+        return GlobalBatch(
+            rank, world_size, lambda x: x[None].expand(world_size, *x.shape), torch.Generator().manual_seed(3)
+        )
 
     whole = draws(0, 1)
-    full = (whole.rand(8, 5), whole.randint(9, 8, 5), whole.multinomial(torch.rand(8, 8, generator=torch.Generator().manual_seed(0))))
+    full = (
+        whole.rand(8, 5),
+        whole.randint(9, 8, 5),
+        whole.multinomial(torch.rand(8, 8, generator=torch.Generator().manual_seed(0))),
+    )
     for rank in range(2):
         part = draws(rank, 2)
-        got = (part.rand(4, 5), part.randint(9, 4, 5), part.multinomial(torch.rand(8, 8, generator=torch.Generator().manual_seed(0))))
+        got = (
+            part.rand(4, 5),
+            part.randint(9, 4, 5),
+            part.multinomial(torch.rand(8, 8, generator=torch.Generator().manual_seed(0))),
+        )
         for a, b in zip(got, full):
             assert torch.equal(a, b[rank * 4 : (rank + 1) * 4])
     with pytest.raises(ValueError, match="world_size=2 needs an all_gather"):

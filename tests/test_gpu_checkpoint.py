@@ -21,9 +21,20 @@ from tests.helpers import recorded_batches, train_in_process
 GPU_CKPT = Path(__file__).parent / "data" / "caption_tiny_h200_bf16.ckpt"
 GPU_CAPTION = "a " + " ".join(["big"] * 22)  # what the barely trained model wrote for both scenes on the GPU
 # the overrides the checkpoint was trained with (scripts/gpu_check.sh, TINY)
-TINY = ["model.encoder.dim=32", "model.encoder.depth=1", "model.encoder.num_heads=2", "model.decoder.dim=32",
-        "model.decoder.depth=1", "model.decoder.num_heads=2", "data.num_train=64", "data.num_val=16",
-        "data.image_size=32", "data.batch_size=16", "trainer.enable_progress_bar=false", "debug=fast"]
+TINY = [
+    "model.encoder.dim=32",
+    "model.encoder.depth=1",
+    "model.encoder.num_heads=2",
+    "model.decoder.dim=32",
+    "model.decoder.depth=1",
+    "model.decoder.num_heads=2",
+    "data.num_train=64",
+    "data.num_val=16",
+    "data.image_size=32",
+    "data.batch_size=16",
+    "trainer.enable_progress_bar=false",
+    "debug=fast",
+]
 
 
 def test_the_gpu_checkpoint_holds_cuda_tensors() -> None:
@@ -37,7 +48,9 @@ def test_the_gpu_checkpoint_holds_cuda_tensors() -> None:
 def test_a_gpu_checkpoint_captions_on_the_cpu_as_it_did_on_the_gpu(tmp_path: Path, cli) -> None:
     ShapesCaptions(root=tmp_path / "shapes", num_train=64, num_val=16, seed=0, image_size=32).prepare_data()
     scenes = [tmp_path / "shapes" / "val" / f"1000000{i}.png" for i in (1, 2)]
-    result = cli.run("mmtx-caption", f"ckpt={GPU_CKPT}", "device=cpu", f"images=[{scenes[0]},{scenes[1]}]", cwd=tmp_path)
+    result = cli.run(
+        "mmtx-caption", f"ckpt={GPU_CKPT}", "device=cpu", f"images=[{scenes[0]},{scenes[1]}]", cwd=tmp_path
+    )
     lines = [line.split("\t") for line in result.stdout.strip().splitlines()]
     assert [Path(p) for p, _ in lines] == scenes and [c for _, c in lines] == [GPU_CAPTION] * 2
     assert next(load_task(GPU_CKPT).parameters()).device.type == "cpu"
@@ -50,9 +63,20 @@ def test_a_gpu_run_resumes_on_the_cpu(tmp_path: Path) -> None:
     ckpt.write_bytes(GPU_CKPT.read_bytes())
     # written before the conv stem's default became GroupNorm: a resume takes the checkpoint's model
     # settings (refused otherwise, naming the key), here its BatchNorm stem
-    metrics = train_in_process([*TINY, "model.encoder.stem_norm=batch", "trainer=cpu", "trainer.max_epochs=3", "trainer.max_steps=10",
-                                f"paths.data_dir={tmp_path / 'data'}", f"paths.output_dir={run}", f"ckpt_path={ckpt}",
-                                "+callbacks.ids._target_=tests.helpers.RecordImageIds", f"+callbacks.ids.path={run / 'ids'}"])
+    metrics = train_in_process(
+        [
+            *TINY,
+            "model.encoder.stem_norm=batch",
+            "trainer=cpu",
+            "trainer.max_epochs=3",
+            "trainer.max_steps=10",
+            f"paths.data_dir={tmp_path / 'data'}",
+            f"paths.output_dir={run}",
+            f"ckpt_path={ckpt}",
+            "+callbacks.ids._target_=tests.helpers.RecordImageIds",
+            f"+callbacks.ids.path={run / 'ids'}",
+        ]
+    )
     assert metrics and all(math.isfinite(v) for v in metrics.values())
     assert read_checkpoint(ckpt)["global_step"] == 10
     assert [step for step, _ in recorded_batches(run / "ids")] == [6, 7, 8, 9]  # 6 steps on the GPU, 4 more here

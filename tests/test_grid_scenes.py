@@ -46,7 +46,7 @@ def _swapped(caption: str) -> str:
     stated = RELATION.search(caption)
     assert stated is not None, caption
     opposite = _RELATION_WORDS[OPPOSITE[RELATION_WORDS[stated.group(1)]]][0]
-    return caption[:stated.start()] + opposite + caption[stated.end():]
+    return caption[: stated.start()] + opposite + caption[stated.end() :]
 
 
 def _described(count: int, seed: int = 0) -> list[tuple[GridScene, list[str]]]:
@@ -148,7 +148,7 @@ def test_captions_relate_a_pair_in_either_order_and_are_judged_correct() -> None
             judged = relation_judgements(caption, scene)
             assert judged == ([True] if relations else []), (caption, scene)  # one relation when there is one
         if len(relations) == 2:  # one related pair: both of its shapes get to be the subject
-            before = [caption[:RELATION.search(caption).start()].split() for caption in captions]
+            before = [caption[: RELATION.search(caption).start()].split() for caption in captions]
             subjects = {next(word for word in reversed(words) if word in COLORS) for words in before}
             both_orders.append(len(subjects) == 2)
     assert len(both_orders) > 50 and sum(both_orders) / len(both_orders) > 0.8
@@ -178,7 +178,10 @@ def test_a_swapped_relation_is_wrong_and_counts_against_relation_accuracy() -> N
     assert relation_judgements(absent, scene) == []  # no yellow shape: not a relation between two of its shapes
     scenes = {1: scene, 2: scene, 3: scene}
     assert caption_scores({1: right, 2: swapped, 3: plain}, scenes) == {
-        "correctness": pytest.approx(2 / 3), "relation_accuracy": 0.5, "relations_stated": 2.0}
+        "correctness": pytest.approx(2 / 3),
+        "relation_accuracy": 0.5,
+        "relations_stated": 2.0,
+    }
     assert caption_scores({1: plain}, scenes) == {"correctness": 1.0, "relations_stated": 0.0}
 
     # every generated relation turned around: wrong, and relation accuracy 0
@@ -186,8 +189,11 @@ def test_a_swapped_relation_is_wrong_and_counts_against_relation_accuracy() -> N
     turned = {k: _swapped(c) for k, (_, c) in enumerate(related)}
     truth = {k: scene for k, (scene, _) in enumerate(related)}
     assert not any(caption_is_correct(c, truth[k]) for k, c in turned.items())
-    assert caption_scores(turned, truth) == {"correctness": 0.0, "relation_accuracy": 0.0,
-                                             "relations_stated": float(len(related))}
+    assert caption_scores(turned, truth) == {
+        "correctness": 0.0,
+        "relation_accuracy": 0.0,
+        "relations_stated": float(len(related)),
+    }
     # sides picked by chance: relation accuracy at about one half, whatever the nouns
     coin = random.Random(0)
     chance = {k: _swapped(c) if coin.random() < 0.5 else c for k, (_, c) in enumerate(related)}
@@ -199,7 +205,7 @@ def test_a_swapped_relation_is_wrong_and_counts_against_relation_accuracy() -> N
 
 def test_generate_is_deterministic_and_keeps_each_image_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     first = generate_grid(tmp_path / "a", num_train=12, num_val=6, seed=5)
-    second = generate_grid(tmp_path / "b", num_train=12, num_val=6, seed=5)
+    generate_grid(tmp_path / "b", num_train=12, num_val=6, seed=5)
     generate_grid(tmp_path / "c", num_train=12, num_val=6, seed=6)
     files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
     assert len(files) == 12 + 6 + 3  # the images, two annotation files and meta.json
@@ -292,8 +298,9 @@ def _known_caption(image_id: int, reference: str) -> str:
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("repo_on_path")
-def test_mmtx_train_on_grid_logs_correctness_and_relation_accuracy(cli, tiny: list[str], data_dir: Path,
-                                                                  tmp_path: Path) -> None:
+def test_mmtx_train_on_grid_logs_correctness_and_relation_accuracy(
+    cli, tiny: list[str], data_dir: Path, tmp_path: Path
+) -> None:
     """A few steps on 32-px grid scenes; the scores validation logs are those of the captions it
     scored, recomputed here from the written files, where only some stated relations hold."""
     run = tmp_path / "run"
@@ -303,7 +310,9 @@ def test_mmtx_train_on_grid_logs_correctness_and_relation_accuracy(cli, tiny: li
     )  # fmt: skip
     root = data_dir / "grid-64-20-seed0"
     records = read_coco_captions(root / "captions_val.json", root / "val")
-    expected = caption_scores({r.image_id: _known_caption(r.image_id, r.captions[0]) for r in records}, grid_scenes(root))
+    expected = caption_scores(
+        {r.image_id: _known_caption(r.image_id, r.captions[0]) for r in records}, grid_scenes(root)
+    )
     assert 0.0 < expected["relation_accuracy"] < 1.0 and expected["correctness"] < 1.0  # the swaps tell
 
     with next(run.glob("csv/version_*/metrics.csv")).open() as f:
@@ -317,8 +326,16 @@ def test_mmtx_train_on_grid_logs_correctness_and_relation_accuracy(cli, tiny: li
 
 
 def test_a_bad_grid_setting_is_refused_naming_the_key(cli, tiny: list[str], data_dir: Path, tmp_path: Path) -> None:
-    result = cli.run("mmtx-train", *tiny, "data=grid", "data.num_train=-1", "logger=none",
-                     f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, check=False)
+    result = cli.run(
+        "mmtx-train",
+        *tiny,
+        "data=grid",
+        "data.num_train=-1",
+        "logger=none",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+        check=False,
+    )
     assert result.returncode == 1, cli.describe(result)
     assert "Traceback" not in result.stderr
     problems = [line.strip() for line in result.stderr.splitlines() if "num_train" in line]

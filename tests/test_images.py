@@ -118,8 +118,13 @@ def test_missing_empty_truncated_and_non_image_files_name_the_path(tmp_path: Pat
     truncated = tmp_path / "truncated.png"
     truncated.write_bytes(full[: len(full) // 2])
 
-    cases = {tmp_path / "missing.png": "No such file", empty: "empty", text: "cannot identify",
-             truncated: "truncated", tmp_path: "not a regular file"}
+    cases = {
+        tmp_path / "missing.png": "No such file",
+        empty: "empty",
+        text: "cannot identify",
+        truncated: "truncated",
+        tmp_path: "not a regular file",
+    }
     for path, reason in cases.items():
         with pytest.raises(ImageLoadError) as info:
             load_image(path)
@@ -140,8 +145,10 @@ def _every_kind_of_file(folder: Path) -> dict[str, tuple[Path, bool]]:
     deep = Image.fromarray(rng.integers(0, 65536, (24, 36), dtype=np.uint16))
     rgb48 = folder / "g48.png"  # 16 bits per channel: Pillow cannot write it, so by hand
     rows = rng.integers(0, 65536, (24, 36, 3), dtype=np.uint16).astype(">u2")
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
     header = struct.pack(">IIBBBBB", 36, 24, 16, 2, 0, 0, 0)
     pixels = zlib.compress(b"".join(b"\0" + row.tobytes() for row in rows))
     rgb48.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b""))
@@ -163,9 +170,13 @@ def test_read_image_gives_load_image_pixels_decoding_photos_with_torchcodec(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     files = _every_kind_of_file(tmp_path)
-    expected = {name: torch.from_numpy(np.array(load_image(path))).permute(2, 0, 1) for name, (path, _) in files.items()}
+    expected = {
+        name: torch.from_numpy(np.array(load_image(path))).permute(2, 0, 1) for name, (path, _) in files.items()
+    }
     used_pillow = []
-    monkeypatch.setattr(images, "load_image", lambda path, **limit: used_pillow.append(Path(path)) or load_image(path, **limit))
+    monkeypatch.setattr(
+        images, "load_image", lambda path, **limit: used_pillow.append(Path(path)) or load_image(path, **limit)
+    )
     for name, (path, fast) in files.items():
         pixels = read_image(path)
         assert pixels.dtype == torch.uint8 and torch.equal(pixels, expected[name]), name
@@ -177,7 +188,7 @@ def test_read_image_decodes_with_torchvision_where_torchcodec_cannot_load(tmp_pa
     there, and torchvision.io's decoders give the same pixels (a process of its own, where the
     import is made to fail)."""
     files = _every_kind_of_file(tmp_path)
-    for name, (path, _) in files.items():
+    for _name, (path, _) in files.items():
         torch.save(torch.from_numpy(np.array(load_image(path))).permute(2, 0, 1), tmp_path / f"{path.name}.pt")
     script = f"""
 import sys, torch
@@ -285,8 +296,13 @@ def test_seeded_shifts_follow_each_image_not_its_batch() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(image_size=0), dict(image_size=8, std=(0.0, 1.0, 1.0)), dict(image_size=8, mean=(0.5,)),
-     dict(image_size=8, crop_scale=(0.0, 1.0)), dict(image_size=8, crop_scale=(0.9, 0.5))],
+    [
+        dict(image_size=0),
+        dict(image_size=8, std=(0.0, 1.0, 1.0)),
+        dict(image_size=8, mean=(0.5,)),
+        dict(image_size=8, crop_scale=(0.0, 1.0)),
+        dict(image_size=8, crop_scale=(0.9, 0.5)),
+    ],
 )
 def test_transforms_reject_bad_arguments(kwargs: dict) -> None:
     with pytest.raises(ValueError):

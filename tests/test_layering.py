@@ -76,7 +76,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
                 state[path.pop()] = 2
                 todo.pop()
             elif state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             elif nxt not in state:
                 state[nxt] = 1
                 path.append(nxt)
@@ -91,8 +91,11 @@ def layer_violations(root: Path) -> list[str]:
         for path in sorted((root / Path(*layer.split("."))).rglob("*.py")):
             statements = imports(path, root)
             names = {m for m, _ in statements} | {f"{m}.{t}" for m, taken in statements for t in taken}
-            found += [f"{path.relative_to(root).as_posix()}: {n}" for n in sorted(names)
-                      if any(n == f or n.startswith(f + ".") for f in forbidden)]
+            found += [
+                f"{path.relative_to(root).as_posix()}: {n}"
+                for n in sorted(names)
+                if any(n == f or n.startswith(f + ".") for f in forbidden)
+            ]
     return found
 
 
@@ -124,7 +127,9 @@ def test_the_checks_find_what_they_look_for(tmp_path):
     cycle = find_cycle(graph)
     assert cycle is not None and set(cycle) == {"mmtx.models.head", "mmtx.data.base"}, cycle
     assert layer_violations(tmp_path) == [
-        "mmtx/models/head.py: mmtx.data", "mmtx/models/head.py: mmtx.data.base", "mmtx/nn/block.py: lightning.pytorch",
+        "mmtx/models/head.py: mmtx.data",
+        "mmtx/models/head.py: mmtx.data.base",
+        "mmtx/nn/block.py: lightning.pytorch",
     ]
     (pkg / "data" / "base.py").write_text("from mmtx.models.head import f\n")
     assert find_cycle(import_graph(tmp_path)) is not None  # a name taken from a module: that module

@@ -19,10 +19,26 @@ TINY_TWO_STREAM = (
 
 def _run(*args: str, out: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
-    common = ["--minutes", "0.05", "--seeds", "1", "--num-train", "24", "--num-val", "12", "--val-every", "100000",
-              "--out", str(out), "--set", "data.image_size=32", "trainer.precision=32-true"]
-    return subprocess.run([sys.executable, str(SCRIPT), *common, *args], capture_output=True, text=True,
-                          env=env, timeout=600)
+    common = [
+        "--minutes",
+        "0.05",
+        "--seeds",
+        "1",
+        "--num-train",
+        "24",
+        "--num-val",
+        "12",
+        "--val-every",
+        "100000",
+        "--out",
+        str(out),
+        "--set",
+        "data.image_size=32",
+        "trainer.precision=32-true",
+    ]
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *common, *args], capture_output=True, text=True, env=env, timeout=600
+    )
 
 
 def test_a_variant_is_fine_tuned_from_its_own_pretraining(tmp_path: Path) -> None:
@@ -48,7 +64,13 @@ def test_a_variant_is_fine_tuned_from_its_own_pretraining(tmp_path: Path) -> Non
 
 
 def test_fine_tuning_without_the_variants_pretraining_names_the_run_it_needs(tmp_path: Path) -> None:
-    done = _run("--tasks", "vqa_from_pretrain", "--only-variants", "--variant", "wide=model.backbone.vision.dim=64",
-                out=tmp_path / "curves")
+    done = _run(
+        "--tasks",
+        "vqa_from_pretrain",
+        "--only-variants",
+        "--variant",
+        "wide=model.backbone.vision.dim=64",
+        out=tmp_path / "curves",
+    )
     assert done.returncode != 0
     assert "pretrain-wide-seed0" in done.stderr and "--tasks pretrain (variant wide)" in done.stderr

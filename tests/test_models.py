@@ -103,7 +103,10 @@ def test_conv_stem_gives_the_patch_grid_and_patch_stem_keeps_vit_weights() -> No
     plain = VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2)
     images = torch.randn(2, 3, 32, 32)
     assert conv(images).shape == plain(images).shape == (2, 1 + 16, 32)
-    assert {k for k in plain.state_dict() if k.startswith("patch_embed.")} == {"patch_embed.proj.weight", "patch_embed.proj.bias"}
+    assert {k for k in plain.state_dict() if k.startswith("patch_embed.")} == {
+        "patch_embed.proj.weight",
+        "patch_embed.proj.bias",
+    }
     stem = [type(m).__name__ for m in conv.patch_embed.stem]
     assert stem == ["Conv2d", "BatchNorm2d", "GELU"] * 3  # three 3x3 convolutions down to 8-px patches
     # He init + BatchNorm: the image reaches the transformer as strongly as through the linear patch map
@@ -126,7 +129,10 @@ def test_group_normalised_stem_sees_each_image_alone_and_batch_norm_does_not() -
     for norm, batch_independent in (("group", True), ("batch", False)):
         torch.manual_seed(0)
         encoder = VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, stem="conv", stem_norm=norm)
-        assert [type(m).__name__ for m in encoder.patch_embed.stem][1] == {"group": "GroupNorm", "batch": "BatchNorm2d"}[norm]
+        assert [type(m).__name__ for m in encoder.patch_embed.stem][1] == {
+            "group": "GroupNorm",
+            "batch": "BatchNorm2d",
+        }[norm]
         together, alone = encoder(images), torch.cat([encoder(images[i : i + 1]) for i in range(4)])
         assert torch.allclose(together, alone, atol=1e-5) == batch_independent, norm
     torch.manual_seed(0)  # and GroupNorm has no running averages: evaluation computes what training does

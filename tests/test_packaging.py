@@ -23,8 +23,21 @@ def test_wheel_holds_every_config(tmp_path: Path) -> None:
             (source / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, source / name)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
-        check=True, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     )
     (wheel,) = tmp_path.glob("mmtx-*.whl")
     names = zipfile.ZipFile(wheel).namelist()

@@ -63,7 +63,10 @@ def test_parquet_gives_the_records_of_jsonl(tmp_path: Path) -> None:
     assert read_pairs(tmp_path / "p.parquet", tmp_path) == read_pairs(jsonl, tmp_path)
     lists = pa.table({"image": ["red.png", "green.png"], "caption": [["a red ball", "red"], ["a green ball"]]})
     pq.write_table(lists, tmp_path / "l.parquet")  # a list column: all of an image's captions
-    assert [r.captions for r in read_pairs(tmp_path / "l.parquet", tmp_path)] == [("a red ball", "red"), ("a green ball",)]
+    assert [r.captions for r in read_pairs(tmp_path / "l.parquet", tmp_path)] == [
+        ("a red ball", "red"),
+        ("a green ball",),
+    ]
     pq.write_table(pa.table({"image": ["red.png"], "text": ["a red ball"]}), tmp_path / "bad.parquet")
     with pytest.raises(AnnotationError, match="bad.parquet: cannot read its image and caption columns"):
         read_pairs(tmp_path / "bad.parquet", tmp_path)
@@ -105,10 +108,20 @@ def test_train_and_evaluate_on_pairs_from_jsonl_and_csv(cli, tmp_path: Path) -> 
     train = write_jsonl(tmp_path / "train.jsonl", [{"image": i, "caption": c} for i, c in ROWS * 3])
     val = write_csv(tmp_path / "val.csv", ROWS)
     cli.run(
-        "mmtx-train", "data=pairs", f"data.train.file={train}", f"data.train.images={tmp_path / 'photos'}",
-        f"data.val.file={val}", f"data.val.images={tmp_path / 'photos'}", "data.image_size=32", "data.batch_size=4",
-        *TINY_MODEL, "trainer.max_steps=3", "trainer.enable_progress_bar=false", "logger=none",
-        f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
+        "mmtx-train",
+        "data=pairs",
+        f"data.train.file={train}",
+        f"data.train.images={tmp_path / 'photos'}",
+        f"data.val.file={val}",
+        f"data.val.images={tmp_path / 'photos'}",
+        "data.image_size=32",
+        "data.batch_size=4",
+        *TINY_MODEL,
+        "trainer.max_steps=3",
+        "trainer.enable_progress_bar=false",
+        "logger=none",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
     )
     result = cli.run("mmtx-eval", f"ckpt={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}", cwd=tmp_path)
     assert "CIDEr" in result.stdout and "(3 examples)" in result.stdout, result.stdout

@@ -58,11 +58,17 @@ def test_every_trainer_preset_carries_the_same_keys() -> None:
 
 def test_bf16_mixed_precision_trains_on_the_cpu(tiny: list[str], tmp_path: Path) -> None:
     dtypes = tmp_path / "dtypes.txt"
-    metrics = train_in_process([
-        *tiny, "debug=fast", "trainer.precision=bf16-mixed", f"paths.output_dir={tmp_path}",
-        "trainer.max_steps=4", "+callbacks.dtypes._target_=tests.helpers.RecordProductDtypes",
-        f"+callbacks.dtypes.path={dtypes}",
-    ])
+    metrics = train_in_process(
+        [
+            *tiny,
+            "debug=fast",
+            "trainer.precision=bf16-mixed",
+            f"paths.output_dir={tmp_path}",
+            "trainer.max_steps=4",
+            "+callbacks.dtypes._target_=tests.helpers.RecordProductDtypes",
+            f"+callbacks.dtypes.path={dtypes}",
+        ]
+    )
     assert dtypes.read_text().split() == ["torch.bfloat16"]  # every training product ran in bf16
     assert metrics and all(math.isfinite(v) for v in metrics.values())  # validated, no NaN
     last = read_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
@@ -87,7 +93,10 @@ def test_compiled_blocks_match_eager_and_decoding_stays_eager() -> None:
 
     config = GenerationConfig(max_new_tokens=8)
     with torch.no_grad():
-        tokens = [generate(m.decoder, m.encode(images), bos_id=1, eos_id=2, pad_id=0, config=config) for m in (eager, compiled)]
+        tokens = [
+            generate(m.decoder, m.encode(images), bos_id=1, eos_id=2, pad_id=0, config=config)
+            for m in (eager, compiled)
+        ]
     assert torch.equal(tokens[0], tokens[1])
 
 
@@ -112,7 +121,9 @@ def test_compile_true_compiles_the_blocks_when_fit_is_set_up() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
-@pytest.mark.parametrize("preset", [["trainer=gpu"], ["trainer=gpu", "compile=true"], ["trainer=fsdp", "trainer.devices=1"]])
+@pytest.mark.parametrize(
+    "preset", [["trainer=gpu"], ["trainer=gpu", "compile=true"], ["trainer=fsdp", "trainer.devices=1"]]
+)
 def test_gpu_presets_train(preset: list[str], tiny: list[str], tmp_path: Path) -> None:
     metrics = train_in_process([*tiny, "debug=fast", *preset, f"paths.output_dir={tmp_path}"])
     assert metrics and (tmp_path / "checkpoints" / "last.ckpt").is_file()
@@ -154,7 +165,9 @@ THROUGHPUT = [
     "+callbacks.throughput._target_=lightning.pytorch.callbacks.ThroughputMonitor",
     "+callbacks.throughput.batch_size_fn._target_=hydra.utils.get_method",
     "+callbacks.throughput.batch_size_fn.path=mmtx.callbacks.images_in_batch",
-    "+callbacks.throughput.window_size=4", "logger=csv", "trainer.log_every_n_steps=2",
+    "+callbacks.throughput.window_size=4",
+    "logger=csv",
+    "trainer.log_every_n_steps=2",
 ]
 
 
@@ -165,14 +178,22 @@ def test_throughput_is_logged_and_a_run_without_validation_ends_cleanly(tiny: li
     import csv
     import json
 
-    metrics = train_in_process([
-        *tiny, *THROUGHPUT, "trainer.max_steps=12", "trainer.limit_val_batches=0",
-        "trainer.enable_progress_bar=false", f"paths.output_dir={tmp_path}",
-    ])
+    metrics = train_in_process(
+        [
+            *tiny,
+            *THROUGHPUT,
+            "trainer.max_steps=12",
+            "trainer.limit_val_batches=0",
+            "trainer.enable_progress_bar=false",
+            f"paths.output_dir={tmp_path}",
+        ]
+    )
     assert metrics == {}
     assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 12
     assert "baseline" not in json.loads((tmp_path / "metrics.json").read_text())
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
     with open(tmp_path / "csv" / "version_0" / "metrics.csv") as f:
-        rates = [float(r["train/device/samples_per_sec"]) for r in csv.DictReader(f) if r["train/device/samples_per_sec"]]
+        rates = [
+            float(r["train/device/samples_per_sec"]) for r in csv.DictReader(f) if r["train/device/samples_per_sec"]
+        ]
     assert rates and all(rate > 0 for rate in rates)

@@ -21,13 +21,18 @@ SPECIAL = list(range(7))  # [PAD] [BOS] [EOS] [UNK] [MASK] [CLS] [SEP]
 MASK = 4
 
 
-def tiny_pretrainer(pos: str = "learned", seed: int = 0, caption: bool = False, itc_pool: str = "cls") -> TwoStreamPretrainer:
+def tiny_pretrainer(
+    pos: str = "learned", seed: int = 0, caption: bool = False, itc_pool: str = "cls"
+) -> TwoStreamPretrainer:
     torch.manual_seed(seed)
     vision = VisionEncoder(image_size=32, patch_size=8, dim=48, depth=1, num_heads=4, pos_embed=pos)
     text = TextEncoder(60, dim=32, depth=2, num_heads=4, max_length=16, pos_embed=pos)
     decoder = functools.partial(CaptionDecoder, dim=32, depth=1, num_heads=4, max_length=16) if caption else None
     return TwoStreamPretrainer(
-        TwoStreamModel(vision, text, co_layers=2, joint_dim=40), mask_id=MASK, special_ids=SPECIAL, caption_decoder=decoder,
+        TwoStreamModel(vision, text, co_layers=2, joint_dim=40),
+        mask_id=MASK,
+        special_ids=SPECIAL,
+        caption_decoder=decoder,
         itc_pool=itc_pool,
     )
 
@@ -71,7 +76,9 @@ def test_one_way_co_attention_lets_only_the_text_read_the_image():
     model = TwoStreamModel(
         VisionEncoder(image_size=32, patch_size=8, dim=48, depth=1, num_heads=4),
         TextEncoder(vocab_size=60, dim=32, depth=1, num_heads=2, max_length=16),
-        co_layers=2, joint_dim=40, vision_reads_text=False,
+        co_layers=2,
+        joint_dim=40,
+        vision_reads_text=False,
     ).eval()
     images, ids, mask = batch()
     out = model(images, ids, mask)
@@ -241,7 +248,10 @@ def test_negatives_never_come_from_the_same_image():
 def test_contrastive_loss_matches_cross_entropy_with_one_positive_each():
     sim = torch.randn(5, 5)
     eye = torch.eye(5, dtype=torch.bool)
-    want = (torch.nn.functional.cross_entropy(sim, torch.arange(5)) + torch.nn.functional.cross_entropy(sim.T, torch.arange(5))) / 2
+    want = (
+        torch.nn.functional.cross_entropy(sim, torch.arange(5))
+        + torch.nn.functional.cross_entropy(sim.T, torch.arange(5))
+    ) / 2
     torch.testing.assert_close(contrastive_loss(sim, eye), want)
 
 
@@ -271,11 +281,13 @@ def test_itc_pool_must_be_known():
 
 def test_retrieval_recall_on_a_hand_made_case():
     # 3 images; texts 0,1 describe image 0, text 2 image 1, text 3 image 2
-    scores = torch.tensor([
-        [0.1, 0.9, 0.5, -0.1],  # image 0: best text is 1 (true) -> rank 0
-        [0.8, 0.0, 0.7, 0.1],   # image 1: text 0 beats its true text 2 -> rank 1
-        [0.3, 0.2, 0.1, 0.0],   # image 2: its text 3 is last -> rank 3
-    ])
+    scores = torch.tensor(
+        [
+            [0.1, 0.9, 0.5, -0.1],  # image 0: best text is 1 (true) -> rank 0
+            [0.8, 0.0, 0.7, 0.1],  # image 1: text 0 beats its true text 2 -> rank 1
+            [0.3, 0.2, 0.1, 0.0],  # image 2: its text 3 is last -> rank 3
+        ]
+    )
     text_image = torch.tensor([0, 0, 1, 2])
     r = retrieval_recall(scores, text_image, ks=(1, 2))
     assert r["i2t_R@1"] == pytest.approx(100 / 3)

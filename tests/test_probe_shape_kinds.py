@@ -42,7 +42,18 @@ def test_kind_probe_script_trains_a_fresh_vision_stream_as_a_reference(capsys) -
     shares = result["fresh encoder, 1 s on the kinds"]
     assert len(shares) == 3 and all(0.0 <= s <= 1.0 for s in shares)
     # --override reaches the fresh stream's config: a variant of it is probed under its own name
-    small = ["--fresh", "1", "--train", "24", "--val", "12", "--image-size", "32", "--override", "model.backbone.vision.depth=0"]
+    small = [
+        "--fresh",
+        "1",
+        "--train",
+        "24",
+        "--val",
+        "12",
+        "--image-size",
+        "32",
+        "--override",
+        "model.backbone.vision.depth=0",
+    ]
     assert probe.main(small) == 0
     assert "fresh encoder model.backbone.vision.depth=0, 1 s on the kinds" in json.loads(capsys.readouterr().out)
     with pytest.raises(ConfigCompositionException, match="no_such_key"):

@@ -137,7 +137,10 @@ def test_the_readme_says_what_a_plain_run_draws_and_where_it_writes(monkeypatch:
     text = section("Quick start")
     cfg = OmegaConf.to_container(compose_train([]), resolve=False)  # as written, interpolations unresolved
     data, choices = cfg["data"], cfg["hydra"]["runtime"]["choices"]
-    assert f"draws {data['num_train']} training and {data['num_val']} validation shapes scenes ({data['image_size']} px" in text
+    assert (
+        f"draws {data['num_train']} training and {data['num_val']} validation shapes scenes ({data['image_size']} px"
+        in text
+    )
     assert data["root"] == "${paths.data_dir}/shapes-${.image_size}px-${.num_train}-${.num_val}-seed${.seed}"
     assert cfg["paths"]["data_dir"] == "${oc.env:MMTX_DATA_DIR,${hydra:runtime.cwd}/data}"
     assert f"`data/shapes-{data['image_size']}px-{data['num_train']}-{data['num_val']}-seed{data['seed']}/`" in text

@@ -76,7 +76,12 @@ GENERATIVE_VQA = {"task.lr": 1e-3, "data.batch_size": 64, "data.shift_px": 4, "d
 PRETRAIN = {"task.lr": 1e-3, "task.objectives.mlm": 1.0, "task.objectives.mpm": 0.0, "task.objectives.itm": 1.0,
             "task.objectives.itc": 0.5, "task.objectives.caption": 1.0, "data.batch_size": 32, "data.max_length": 24,
             "trainer.val_check_interval": None, "trainer.check_val_every_n_epoch": 1}  # fmt: skip
-CAPTION = {"task.lr": 1e-3, "data.batch_size": 32, "trainer.val_check_interval": None, "trainer.check_val_every_n_epoch": 1}
+CAPTION = {
+    "task.lr": 1e-3,
+    "data.batch_size": 32,
+    "trainer.val_check_interval": None,
+    "trainer.check_val_every_n_epoch": 1,
+}
 # every data group, by the kind of data module it builds
 GROUPS = {p.stem: yaml.safe_load(p.read_text())["_target_"] for p in sorted(Path(CONFIG_DIR, "data").glob("*.yaml"))}
 VQA_DATA = [name for name, target in GROUPS.items() if "Vqa" in target]

@@ -63,11 +63,19 @@ def test_a_time_budgeted_run_ends_its_schedule_and_logs_minutes(tiny: list[str],
     """trainer.max_time alone (no step or epoch limit): the run stops by itself at the deadline
     and its last learning rate is the schedule's floor (no validation inside the budget here: a
     validation's time jumps the schedule forward between two steps)."""
-    metrics = train_in_process([
-        *tiny, "logger=csv", "trainer.max_epochs=-1", "trainer.max_time=00:00:00:12",
-        "trainer.val_check_interval=100000", "trainer.check_val_every_n_epoch=null", "trainer.log_every_n_steps=1",
-        "task.min_lr_ratio=0.05", f"paths.output_dir={tmp_path}",
-    ])
+    metrics = train_in_process(
+        [
+            *tiny,
+            "logger=csv",
+            "trainer.max_epochs=-1",
+            "trainer.max_time=00:00:00:12",
+            "trainer.val_check_interval=100000",
+            "trainer.check_val_every_n_epoch=null",
+            "trainer.log_every_n_steps=1",
+            "task.min_lr_ratio=0.05",
+            f"paths.output_dir={tmp_path}",
+        ]
+    )
     assert "CIDEr" in metrics
     rows = list(csv.DictReader(open(next(tmp_path.glob("csv/version_*/metrics.csv")))))
     lrs = [float(r["train/lr"]) for r in rows if r.get("train/lr")]
@@ -80,7 +88,9 @@ class _TinyTask(Task):
 
     def __init__(self) -> None:
         super().__init__()
-        self.save_hyperparameters(dict(lr=1e-3, weight_decay=0.0, betas=(0.9, 0.98), warmup_ratio=0.0, min_lr_ratio=0.1))
+        self.save_hyperparameters(
+            dict(lr=1e-3, weight_decay=0.0, betas=(0.9, 0.98), warmup_ratio=0.0, min_lr_ratio=0.1)
+        )
         self.model = torch.nn.Linear(4, 4)
         self.norms: list[float] = []
 

@@ -28,12 +28,19 @@ from mmtx.data.synthetic.shapes import (
 )
 
 SIZE_WORDS = {"small": "small", "little": "small", "tiny": "small", "large": "large", "big": "large"}
-KIND_WORDS = {"circle": "circle", "ball": "circle", "square": "square", "box": "square",
-              "triangle": "triangle"}
+KIND_WORDS = {"circle": "circle", "ball": "circle", "square": "square", "box": "square", "triangle": "triangle"}
 RELATION_WORDS = {
-    "to the left of": "left", "on the left of": "left", "left of": "left",
-    "to the right of": "right", "on the right of": "right", "right of": "right",
-    "above": "above", "over": "above", "below": "below", "under": "below", "beneath": "below",
+    "to the left of": "left",
+    "on the left of": "left",
+    "left of": "left",
+    "to the right of": "right",
+    "on the right of": "right",
+    "right of": "right",
+    "above": "above",
+    "over": "above",
+    "below": "below",
+    "under": "below",
+    "beneath": "below",
 }
 NOUN = rf"({'|'.join(SIZE_WORDS)}) ({'|'.join(COLORS)}) ({'|'.join(KIND_WORDS)})"
 RELATION = "|".join(sorted(RELATION_WORDS, key=len, reverse=True))  # longest phrase first
@@ -67,7 +74,7 @@ def test_scene_geometry_and_pixels_match_the_description() -> None:
             centre = pixels[int(shape.center[1]), int(shape.center[0])]
             assert np.abs(centre - shape.rgb).max() <= 2  # the shape is drawn where and how the scene says
             assert np.abs(np.array(shape.rgb) - COLORS[shape.color]).max() <= 12
-            for other in scene.shapes[k + 1:]:
+            for other in scene.shapes[k + 1 :]:
                 ox0, oy0, ox1, oy1 = other.box
                 assert x1 < ox0 or ox1 < x0 or y1 < oy0 or oy1 < y0  # no overlap
 
@@ -89,8 +96,12 @@ def test_captions_are_grounded_in_the_scene() -> None:
                 relation = RELATION_WORDS[stated.group(4)]
                 (ax, ay), (bx, by) = a.center, b.center
                 dx, dy = bx - ax, by - ay  # from a to b, image y pointing down
-                expected = {"left": dx > 2 * abs(dy), "right": -dx > 2 * abs(dy),
-                            "above": dy > 2 * abs(dx), "below": -dy > 2 * abs(dx)}
+                expected = {
+                    "left": dx > 2 * abs(dy),
+                    "right": -dx > 2 * abs(dy),
+                    "above": dy > 2 * abs(dx),
+                    "below": -dy > 2 * abs(dx),
+                }
                 assert expected[relation], (caption, a.center, b.center)
                 relations_stated += 1
         if scene.relations():
@@ -118,8 +129,10 @@ def test_vocabulary_is_small() -> None:
 def test_generate_writes_coco_files_and_reuses_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "shapes"
     files = generate_shapes(root, num_train=6, num_val=3, image_size=32, seed=3)
-    assert files == {"train": (root / "captions_train.json", root / "train"),
-                     "val": (root / "captions_val.json", root / "val")}
+    assert files == {
+        "train": (root / "captions_train.json", root / "train"),
+        "val": (root / "captions_val.json", root / "val"),
+    }
     train, val = (read_coco_captions(*files[split]) for split in ("train", "val"))
     assert len(train) == 6 and len(val) == 3
     assert not {r.image_id for r in train} & {r.image_id for r in val}  # ids unique across splits
@@ -211,8 +224,8 @@ def _mutations(caption: str, scene: Scene) -> dict[str, str]:
         mutated["another shape's colour"] = caption[:start] + f"{size} {others[0]} {kind}" + caption[end:]
     if stated := re.search(rf"\b({RELATION})\b", caption):
         swapped = _RELATION_WORDS[OPPOSITE[RELATION_WORDS[stated.group(1)]]][0]
-        mutated["swapped relation"] = caption[:stated.start()] + swapped + caption[stated.end():]
-        mutated["dangling relation"] = caption[:stated.end()]
+        mutated["swapped relation"] = caption[: stated.start()] + swapped + caption[stated.end() :]
+        mutated["dangling relation"] = caption[: stated.end()]
     return mutated
 
 
@@ -268,8 +281,31 @@ def test_caption_is_correct_reads_phrases_and_relations() -> None:
 
 
 @settings(derandomize=True, database=None, max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from(sorted({*SIZE_WORDS, *COLORS, *KIND_WORDS, "left", "of", "to", "the",
-                                        "above", "a", "and", "is", "orange", ",", "<unk>"})), max_size=16))
+@given(
+    st.lists(
+        st.sampled_from(
+            sorted(
+                {
+                    *SIZE_WORDS,
+                    *COLORS,
+                    *KIND_WORDS,
+                    "left",
+                    "of",
+                    "to",
+                    "the",
+                    "above",
+                    "a",
+                    "and",
+                    "is",
+                    "orange",
+                    ",",
+                    "<unk>",
+                }
+            )
+        ),
+        max_size=16,
+    )
+)
 def test_caption_is_correct_agrees_with_the_phrase_regex(words: list[str]) -> None:
     """On any word salad, a caption judged correct names exactly the scene's shapes truly."""
     scene = _scene_of_three()
@@ -278,8 +314,10 @@ def test_caption_is_correct_agrees_with_the_phrase_regex(words: list[str]) -> No
         mentioned = re.findall(NOUN, caption)
         assert sorted(color for _, color, _ in mentioned) == ["blue", "green", "red"]
         by_color = {s.color: s for s in scene.shapes}
-        assert all(SIZE_WORDS[size] == by_color[color].size and KIND_WORDS[kind] == by_color[color].kind
-                   for size, color, kind in mentioned)
+        assert all(
+            SIZE_WORDS[size] == by_color[color].size and KIND_WORDS[kind] == by_color[color].kind
+            for size, color, kind in mentioned
+        )
 
 
 def test_scenes_for_recomputes_the_drawn_scenes() -> None:

@@ -19,8 +19,8 @@ from mmtx.data.images import read_image
 from mmtx.data.sampling import ShardedBatchSampler
 from mmtx.data.shards import ShardCaptions, read_shards, read_vqa_shards, shard_paths
 from mmtx.data.synthetic.shapes_vqa import generate_shapes_vqa
-from mmtx.data.vqa import read_vqa
 from mmtx.data.tokenizer import Tokenizer
+from mmtx.data.vqa import read_vqa
 from tests.conftest import TINY_MODEL
 from tests.helpers import TINY_TWO_STREAM
 from tests.test_pairs import ROWS, write_images, write_jsonl
@@ -62,7 +62,13 @@ def test_img2dataset_shards_are_indexed_and_read_by_random_access(tmp_path: Path
         ("a purple square", "purple all over"),  # a captions list: all the references
     ]  # fmt: skip
     assert [r.image_id for r in records] == [0, 1, 2, 3, 4]  # no image_id in their .json: positions
-    assert [str(r.path).rsplit(":", 1)[1] for r in records] == ["00000.jpg", "00001.jpg", "00002.jpg", "00010.png", "00011.webp"]
+    assert [str(r.path).rsplit(":", 1)[1] for r in records] == [
+        "00000.jpg",
+        "00001.jpg",
+        "00002.jpg",
+        "00010.png",
+        "00011.webp",
+    ]
     for record, colour in zip(records, COLOURS):
         expected = read_image(_file(tmp_path, colour))
         assert torch.equal(read_image(record.path), expected)  # the member's bytes, decoded as a file's
@@ -108,10 +114,18 @@ def test_every_sample_is_seen_once_per_epoch_by_any_number_of_processes(tmp_path
     sampling is per sample, so each is read once, and the order does not depend on the shards."""
     sizes = (5, 4, 3)
     for s, size in enumerate(sizes):
-        write_shard(tmp_path / f"{s:05d}.tar",
-                    [{"__key__": f"{s}{k:02d}", "jpg": encoded("red"), "txt": f"sample {s} {k}"} for k in range(size)])
-    module = ShardCaptions(train={"shards": str(tmp_path / "{00000..00002}.tar")}, image_size=32, batch_size=2,
-                           num_workers=0, in_memory=False, tokenizer=Tokenizer.train(["sample 0 1 2 3"], vocab_size=40))
+        write_shard(
+            tmp_path / f"{s:05d}.tar",
+            [{"__key__": f"{s}{k:02d}", "jpg": encoded("red"), "txt": f"sample {s} {k}"} for k in range(size)],
+        )
+    module = ShardCaptions(
+        train={"shards": str(tmp_path / "{00000..00002}.tar")},
+        image_size=32,
+        batch_size=2,
+        num_workers=0,
+        in_memory=False,
+        tokenizer=Tokenizer.train(["sample 0 1 2 3"], vocab_size=40),
+    )
     module.setup("fit")
     dataset = module.datasets["train"]
     seen = []
@@ -120,7 +134,9 @@ def test_every_sample_is_seen_once_per_epoch_by_any_number_of_processes(tmp_path
         seen += [dataset.example(i, dataset.record(i), None)["caption"] for batch in sampler for i, _ in batch]
     assert len(seen) == len(set(seen)) == 12  # 3 global batches of 2 x 2: every sample once
     single = ShardedBatchSampler(len(dataset), 4, shuffle=True, drop_last=True, seed=0)
-    assert sorted(dataset.example(i, dataset.record(i), None)["caption"] for batch in single for i, _ in batch) == sorted(seen)
+    assert sorted(
+        dataset.example(i, dataset.record(i), None)["caption"] for batch in single for i, _ in batch
+    ) == sorted(seen)
 
 
 def test_a_corrupt_image_inside_a_shard_is_named_by_shard_and_key(tmp_path: Path) -> None:
@@ -156,7 +172,10 @@ def test_shards_written_from_pairs_train_and_evaluate_end_to_end(cli, tmp_path: 
     assert listing["splits"]["train"] == {"shards": ["train-00000.tar", "train-00001.tar"], "samples": 3}
     records = read_shards(f"{out / 'shards.json'}:val")
     assert [(r.image_id, r.captions) for r in records] == [
-        (1, ("a red ball", "a red circle on grey")), (2, ("a blue box",)), (3, ("a green ball",))]
+        (1, ("a red ball", "a red circle on grey")),
+        (2, ("a blue box",)),
+        (3, ("a green ball",)),
+    ]
     assert min(read_image(records[0].path).shape[1:]) == 24  # re-encoded at image_size (shorter side)
 
     (out / "val-00001.tar").unlink()  # as if interrupted: a second run writes only what is missing
@@ -166,9 +185,17 @@ def test_shards_written_from_pairs_train_and_evaluate_end_to_end(cli, tmp_path: 
     assert other.returncode == 1 and "holds shards written with other settings" in other.stderr
 
     cli.run(
-        "mmtx-train", "data=webdataset", f"data.train.shards={out / 'shards.json'}:train",
-        f"data.val.shards={out / 'shards.json'}:val", "data.image_size=32", "data.batch_size=2", *TINY_MODEL,
-        "trainer.max_steps=3", "trainer.enable_progress_bar=false", "logger=none", f"hydra.run.dir={tmp_path / 'run'}",
+        "mmtx-train",
+        "data=webdataset",
+        f"data.train.shards={out / 'shards.json'}:train",
+        f"data.val.shards={out / 'shards.json'}:val",
+        "data.image_size=32",
+        "data.batch_size=2",
+        *TINY_MODEL,
+        "trainer.max_steps=3",
+        "trainer.enable_progress_bar=false",
+        "logger=none",
+        f"hydra.run.dir={tmp_path / 'run'}",
         cwd=tmp_path,
     )
     result = cli.run("mmtx-eval", f"ckpt={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}", cwd=tmp_path)
@@ -195,10 +222,20 @@ def test_vqa_shards_written_from_vqa_v2_files_train_and_evaluate_end_to_end(cli,
 
     run = tmp_path / "run"
     cli.run(
-        "mmtx-train", "task=vqa", "data=webdataset_vqa", f"data.train.shards={out / 'shards.json'}:train",
-        f"data.val.shards={out / 'shards.json'}:val", "data.image_size=32", "data.batch_size=6", *TINY_TWO_STREAM,
-        "task.num_answers=20", "trainer.max_steps=3", "trainer.enable_progress_bar=false", "logger=none",
-        f"hydra.run.dir={run}", cwd=tmp_path,
+        "mmtx-train",
+        "task=vqa",
+        "data=webdataset_vqa",
+        f"data.train.shards={out / 'shards.json'}:train",
+        f"data.val.shards={out / 'shards.json'}:val",
+        "data.image_size=32",
+        "data.batch_size=6",
+        *TINY_TWO_STREAM,
+        "task.num_answers=20",
+        "trainer.max_steps=3",
+        "trainer.enable_progress_bar=false",
+        "logger=none",
+        f"hydra.run.dir={run}",
+        cwd=tmp_path,
     )
     result = cli.run("mmtx-eval", f"ckpt={run / 'checkpoints' / 'last.ckpt'}", cwd=tmp_path)
     assert "accuracy" in result.stdout and "(12 examples)" in result.stdout, result.stdout
@@ -207,7 +244,12 @@ def test_vqa_shards_written_from_vqa_v2_files_train_and_evaluate_end_to_end(cli,
 
 
 def test_bad_vqa_samples_are_named_by_shard_and_key_or_left_out(tmp_path: Path) -> None:
-    question = {"question_id": 1, "question": "what colour is the ball?", "answers": ["red"] * 10, "answer_type": "other"}
+    question = {
+        "question_id": 1,
+        "question": "what colour is the ball?",
+        "answers": ["red"] * 10,
+        "answer_type": "other",
+    }
     shard = write_shard(tmp_path / "vqa-0.tar", [
         {"__key__": "good", "jpg": encoded("red"), "json": {"image_id": 7, "questions": [question]}},
         {"__key__": "noquestions", "jpg": encoded("blue"), "json": {"image_id": 8, "questions": []}},
@@ -258,7 +300,9 @@ def steps_read(folder: Path) -> dict[int, list[int]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["caption", "pretrain"])
-def test_one_and_two_processes_and_a_resumed_run_read_the_same_samples(cli, task: str, tmp_path: Path, repo_on_path) -> None:
+def test_one_and_two_processes_and_a_resumed_run_read_the_same_samples(
+    cli, task: str, tmp_path: Path, repo_on_path
+) -> None:
     """A brace pattern, quoted for Hydra as a user types it; 150 samples in 4 shards (of 40, 40, 40 and 30: they do not divide among 2 processes), 3 of
     them without a caption (left out): in one epoch, 1 process with batch 16 and 2 with batch 8
     read the same samples, each image once per caption; a run killed mid-epoch and resumed
@@ -276,7 +320,13 @@ def test_one_and_two_processes_and_a_resumed_run_read_the_same_samples(cli, task
     ]  # fmt: skip
 
     def run(name: str, *extra: str, ids: str = "ids") -> tuple:
-        return ("mmtx-train", *common, f"+callbacks.ids.path={tmp_path / name / ids}", f"hydra.run.dir={tmp_path / name}", *extra)
+        return (
+            "mmtx-train",
+            *common,
+            f"+callbacks.ids.path={tmp_path / name / ids}",
+            f"hydra.run.dir={tmp_path / name}",
+            *extra,
+        )
 
     one, killed = cli.run_many(run("one", "data.batch_size=16"), run("killed", "data.batch_size=16",
                                "+callbacks.fault._target_=tests.helpers.SignalAtStep", "+callbacks.fault.step=7"),
@@ -297,7 +347,9 @@ def test_one_and_two_processes_and_a_resumed_run_read_the_same_samples(cli, task
 
     cli.run(*run("two", "data.batch_size=8", "trainer=ddp_cpu", "trainer.devices=2"), cwd=tmp_path)
     two = steps_read(tmp_path / "two" / "ids")
-    assert {step: sorted(batch) for step, batch in two.items()} == {step: sorted(batch) for step, batch in whole.items()}
+    assert {step: sorted(batch) for step, batch in two.items()} == {
+        step: sorted(batch) for step, batch in whole.items()
+    }
 
 
 def test_mmtx_shards_refuses_a_config_without_files_or_out_before_writing(tmp_path: Path) -> None:

@@ -129,10 +129,16 @@ def test_init_from_reuses_the_checkpoints_tokenizer_unless_told_to_add_words(wor
 def test_init_from_grows_the_vocabulary_rows_as_the_mean_of_the_pieces(wordpiece: Tokenizer) -> None:
     grown = wordpiece.with_words(QUESTIONS)
     torch.manual_seed(0)
-    old = nn.ModuleDict({"embed": nn.Embedding(wordpiece.vocab_size, 8), "head": nn.Linear(8, wordpiece.vocab_size),
-                         "other": nn.Linear(8, 8)})
-    new = nn.ModuleDict({"embed": nn.Embedding(grown.vocab_size, 8), "head": nn.Linear(8, grown.vocab_size),
-                         "other": nn.Linear(8, 8)})
+    old = nn.ModuleDict(
+        {
+            "embed": nn.Embedding(wordpiece.vocab_size, 8),
+            "head": nn.Linear(8, wordpiece.vocab_size),
+            "other": nn.Linear(8, 8),
+        }
+    )
+    new = nn.ModuleDict(
+        {"embed": nn.Embedding(grown.vocab_size, 8), "head": nn.Linear(8, grown.vocab_size), "other": nn.Linear(8, 8)}
+    )
     spelt = spellings(wordpiece, grown)
     loaded, skipped = init_from(new, {"state_dict": old.state_dict()}, "old.ckpt", new_tokens=spelt)
     assert skipped == [] and set(loaded) == set(new.state_dict())

@@ -66,8 +66,9 @@ def stored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from mmtx.data.tokenizer import Tokenizer
     from mmtx.tasks.caption import CaptionTask
 
-    cfg = compose_train([*TINY_MODEL, *TINY_DATA, f"paths.data_dir={tmp_path_factory.mktemp('data')}",
-                         "paths.output_dir=/unused"])
+    cfg = compose_train(
+        [*TINY_MODEL, *TINY_DATA, f"paths.data_dir={tmp_path_factory.mktemp('data')}", "paths.output_dir=/unused"]
+    )
     data = OmegaConf.to_container(cfg.data, resolve=True)
     tokenizer = Tokenizer.train(["a red square", "a blue circle"], vocab_size=40).to_str()
     task = CaptionTask(model=tiny_model_config(), tokenizer=tokenizer, data_config=data)
@@ -102,7 +103,9 @@ def poisoned(draw: st.DrawFn, ckpt: dict[str, Any]) -> tuple[dict[str, Any], str
                                               "mmtx.tasks.base.L.LightningModule", "mmtx.tasks.optim.torch.optim.AdamW",
                                               "mmtx.tasks.caption.ImageCaptioner", f"mmtx.tasks.{CANARY}"]))  # fmt: skip
         return bad, TASK_KEY
-    root = {"model": bad["hyper_parameters"]["model"], "hparams": bad["hyper_parameters"], "data": bad[DATA_KEY]}[section]
+    root = {"model": bad["hyper_parameters"]["model"], "hparams": bad["hyper_parameters"], "data": bad[DATA_KEY]}[
+        section
+    ]
     node = _at(root, draw(st.sampled_from(_nodes(root))))
     payload = draw(st.sampled_from(PAYLOADS))
     attack = draw(st.sampled_from(["replace target", "add node", "hydra option", "interpolation", "unknown key"]))
@@ -117,7 +120,11 @@ def poisoned(draw: st.DrawFn, ckpt: dict[str, Any]) -> tuple[dict[str, Any], str
     elif attack == "unknown key" and "_target_" in node:
         node["path"] = "/tmp/elsewhere"
     else:  # a new node that calls the payload with plain arguments
-        node[draw(st.sampled_from([*sorted(node), "extra"]))] = {"_target_": payload, "name": "/tmp/pwned", "_args_": ["x"]}
+        node[draw(st.sampled_from([*sorted(node), "extra"]))] = {
+            "_target_": payload,
+            "name": "/tmp/pwned",
+            "_args_": ["x"],
+        }
     return bad, "hyper_parameters" if section in ("model", "hparams") else DATA_KEY
 
 
@@ -160,7 +167,9 @@ def test_every_tasks_model_and_data_configs_are_what_the_check_admits(preset: st
 @pytest.mark.parametrize("name", ["mmtx.models.vit.torch.load", "mmtx.models.vit.torch.nn.Module", "os.system",
                                   "mmtx.pretrained.vit.torch.load", "mmtx.data.base.L.LightningDataModule"])  # fmt: skip
 def test_the_allowed_packages_imports_are_not_reachable_by_name(name: str) -> None:
-    with pytest.raises(StoredConfigError, match="is not a class of mmtx.models or a loader|which this mmtx does not have"):
+    with pytest.raises(
+        StoredConfigError, match="is not a class of mmtx.models or a loader|which this mmtx does not have"
+    ):
         check_stored_config({"_target_": name}, "f: model", MODEL)
 
 
@@ -198,7 +207,9 @@ def test_an_export_cannot_name_the_allowed_packages_imports(tmp_path: Path) -> N
         assert str(out / "config.json") in str(info.value) and "\n" not in str(info.value)
 
 
-def test_settings_that_ask_for_huge_tensors_are_refused_before_allocating(stored: dict[str, Any], tmp_path: Path) -> None:
+def test_settings_that_ask_for_huge_tensors_are_refused_before_allocating(
+    stored: dict[str, Any], tmp_path: Path
+) -> None:
     bad = copy.deepcopy({k: v for k, v in stored.items() if k != "state_dict"})
     bad["state_dict"] = stored["state_dict"]
     bad["hyper_parameters"]["model"]["decoder"]["max_length"] = 2**40  # a position table of petabytes
@@ -251,10 +262,12 @@ def test_no_command_line_tool_obeys_a_poisoned_checkpoint(cli, stored: dict[str,
         ("mmtx-train", *TINY_MODEL, *TINY_DATA, f"ckpt_path={ckpt}", f"hydra.run.dir={tmp_path / 'resume'}"),
         ("mmtx-train", *TINY_MODEL, *TINY_DATA, f"init_from={ckpt}", f"hydra.run.dir={tmp_path / 'init'}"),
     ]
-    for (name, *_), result in zip(commands, cli.run_many(*commands, cwd=tmp_path, check=False, timeout=240)):
+    for _, result in zip(commands, cli.run_many(*commands, cwd=tmp_path, check=False, timeout=240)):
         assert result.returncode == 1, cli.describe(result)
         last = result.stderr.strip().splitlines()[-1]
-        assert last.startswith("mmtx: ") and "os.makedirs" in last and "Traceback" not in result.stderr, cli.describe(result)
+        assert last.startswith("mmtx: ") and "os.makedirs" in last and "Traceback" not in result.stderr, cli.describe(
+            result
+        )
     assert not marker.exists()
 
 
@@ -274,13 +287,17 @@ def test_sharded_fsdp_checkpoints_are_refused_at_start_up(tmp_path: Path, monkey
             if kind == "full":
                 check_train_config(cfg)
                 continue
-            with pytest.raises(ConfigError, match=r"trainer.strategy: state_dict_type='sharded' is not supported: use 'full'"):
+            with pytest.raises(
+                ConfigError, match=r"trainer.strategy: state_dict_type='sharded' is not supported: use 'full'"
+            ):
                 check_train_config(cfg)
     finally:
         HydraConfig.instance().cfg = None  # type: ignore[assignment]
 
 
-def test_configs_nested_deeper_than_python_recurses_are_refused_in_one_line(stored: dict[str, Any], tmp_path: Path) -> None:
+def test_configs_nested_deeper_than_python_recurses_are_refused_in_one_line(
+    stored: dict[str, Any], tmp_path: Path
+) -> None:
     deep: Any = 1
     for _ in range(5000):
         deep = [deep]
@@ -312,7 +329,9 @@ def test_eval_draws_no_data_set_where_a_checkpoint_says(stored: dict[str, Any], 
 
 @pytest.mark.parametrize("value", ["hf://datasets/someone/corpus", "s3://bucket/data", "/run/checkpoints/../../../home/x",
                                    "/home/someone/thesis.pdf", 7])  # fmt: skip
-def test_checkpoint_callbacks_may_name_only_their_own_checkpoint_files(stored: dict[str, Any], tmp_path: Path, value: Any) -> None:
+def test_checkpoint_callbacks_may_name_only_their_own_checkpoint_files(
+    stored: dict[str, Any], tmp_path: Path, value: Any
+) -> None:
     """Lightning restores a ModelCheckpoint's recorded file names on resume and deletes the
     previous best as it saves the next (on any fsspec file system): only local .ckpt names pass."""
     state = {"monitor": None, "dirpath": "/run/checkpoints", "best_model_path": "", "last_model_path": "",
@@ -322,7 +341,11 @@ def test_checkpoint_callbacks_may_name_only_their_own_checkpoint_files(stored: d
         torch.save({**stored, "callbacks": {"ModelCheckpoint{'monitor': None}": poisoned}}, tmp_path / "cb.ckpt")
         with pytest.raises(CheckpointError, match=r"callbacks\[.*not a checkpoint file of its run"):
             read_checkpoint(tmp_path / "cb.ckpt")
-    ours = {**state, "best_model_path": "/run/checkpoints/last.ckpt", "best_k_models": {"/run/checkpoints/best-1.ckpt": 0.5}}
+    ours = {
+        **state,
+        "best_model_path": "/run/checkpoints/last.ckpt",
+        "best_k_models": {"/run/checkpoints/best-1.ckpt": 0.5},
+    }
     torch.save({**stored, "callbacks": {"ModelCheckpoint{'monitor': None}": ours}}, tmp_path / "ours.ckpt")
     read_checkpoint(tmp_path / "ours.ckpt")
 
@@ -330,10 +353,17 @@ def test_checkpoint_callbacks_may_name_only_their_own_checkpoint_files(stored: d
 def test_a_tokenizer_with_a_regular_expression_is_refused(stored: dict[str, Any], tmp_path: Path) -> None:
     """Oniguruma backtracks: a stored pattern such as (a+)+$ could take exponential time per text."""
     document = json.loads(stored["hyper_parameters"]["tokenizer"])
-    document["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "(a+)+$"}, "behavior": "Isolated", "invert": False}
+    document["pre_tokenizer"] = {
+        "type": "Split",
+        "pattern": {"Regex": "(a+)+$"},
+        "behavior": "Isolated",
+        "invert": False,
+    }
     bad = {**stored, "hyper_parameters": {**stored["hyper_parameters"], "tokenizer": json.dumps(document)}}
     torch.save(bad, tmp_path / "regex.ckpt")
-    with pytest.raises(CheckpointError, match=r"hyper_parameters.tokenizer: holds a regular expression \('\(a\+\)\+\$'\)"):
+    with pytest.raises(
+        CheckpointError, match=r"hyper_parameters.tokenizer: holds a regular expression \('\(a\+\)\+\$'\)"
+    ):
         read_checkpoint(tmp_path / "regex.ckpt")
 
 

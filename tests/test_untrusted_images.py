@@ -109,7 +109,10 @@ def test_one_row_over_the_limit_is_refused_by_every_reader_before_decoding(tmp_p
     member = _in_a_shard(tmp_path, png.read_bytes(), "k1.png")
     for source in (png, member):
         for reader, message in _refusals(source, max_pixels=10_000):
-            assert message == f"cannot load image {source}: 101x100 = 10,100 pixels, over the limit of 10,000 (data.max_image_pixels)", reader
+            assert (
+                message
+                == f"cannot load image {source}: 101x100 = 10,100 pixels, over the limit of 10,000 (data.max_image_pixels)"
+            ), reader
     assert decoded == []
 
 
@@ -142,10 +145,14 @@ def test_a_png_just_over_the_default_limit_is_refused_fast_without_a_warning_or_
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         start = time.perf_counter()
-        found = [(reader, message) for source in (bomb, member) for reader, message in _refusals(source, MAX_IMAGE_PIXELS)]
+        found = [
+            (reader, message) for source in (bomb, member) for reader, message in _refusals(source, MAX_IMAGE_PIXELS)
+        ]
         took = time.perf_counter() - start
     for reader, message in found:
-        assert message.endswith(": 10000x9000 = 90,000,000 pixels, over the limit of 89,478,485 (data.max_image_pixels)"), reader
+        assert message.endswith(
+            ": 10000x9000 = 90,000,000 pixels, over the limit of 89,478,485 (data.max_image_pixels)"
+        ), reader
     assert not [str(w.message) for w in caught if issubclass(w.category, Image.DecompressionBombWarning)]
     assert decoded == [] and took < 1.0, took  # headers only: a decode alone takes a quarter of a second
 
@@ -166,7 +173,10 @@ def test_a_header_far_over_the_limit_is_refused_with_its_size(tmp_path: Path, de
     huge = tmp_path / "huge.png"
     huge.write_bytes(_gray_png(20_000, 20_000, pixels=False))  # over twice Pillow's limit: Pillow refuses it too
     for reader, message in _refusals(huge, MAX_IMAGE_PIXELS):
-        assert message == f"cannot load image {huge}: 400,000,000 pixels, over the limit of 89,478,485 (data.max_image_pixels)", reader
+        assert (
+            message
+            == f"cannot load image {huge}: 400,000,000 pixels, over the limit of 89,478,485 (data.max_image_pixels)"
+        ), reader
     assert decoded == []
 
 
@@ -212,9 +222,11 @@ def no_other_plugin(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     Image.init()
     for fmt, (factory, accept) in list(Image.OPEN.items()):
         if fmt not in IMAGE_FORMATS:
+
             def canary(fp, filename=None, fmt=fmt, factory=factory):
                 tried.append(fmt)
                 return factory(fp, filename)
+
             monkeypatch.setitem(Image.OPEN, fmt, (canary, accept))
 
     def ghostscript(*args, **kwargs):
@@ -235,7 +247,10 @@ def test_other_formats_named_as_photos_are_refused_without_trying_their_plugin(
         member = _in_a_shard(tmp_path, path.read_bytes(), path.name)
         for source in (path, member):
             for reader, message in _refusals(source, MAX_IMAGE_PIXELS):
-                assert message == f"cannot load image {source}: {NOT_RASTER}: cannot identify its format", (what, reader)
+                assert message == f"cannot load image {source}: {NOT_RASTER}: cannot identify its format", (
+                    what,
+                    reader,
+                )
                 assert "\n" not in message
     assert no_other_plugin == [] and decoded == []
 
@@ -285,7 +300,9 @@ def test_data_max_image_pixels_makes_a_larger_image_a_bad_image_in_the_scan(tmp_
 
 
 @pytest.mark.parametrize("in_memory", [False, True])
-def test_data_max_image_pixels_reaches_the_loader_and_the_images_kept_in_memory(tmp_path: Path, in_memory: bool) -> None:
+def test_data_max_image_pixels_reaches_the_loader_and_the_images_kept_in_memory(
+    tmp_path: Path, in_memory: bool
+) -> None:
     files = _coco_with_a_wide_image(tmp_path)
     module = CocoCaptions(train=files, max_image_pixels=100, on_bad_image="skip", image_size=8, batch_size=2,
                           num_workers=0, in_memory=in_memory, tokenizer=functools.partial(Tokenizer.train, vocab_size=60))  # fmt: skip
@@ -295,7 +312,9 @@ def test_data_max_image_pixels_reaches_the_loader_and_the_images_kept_in_memory(
     module.on_bad_image = "error"
     with pytest.raises(ImageLoadError) as info:
         list(module.train_dataloader())
-    assert info.value.path == grown and "10x11 = 110 pixels, over the limit of 100 (data.max_image_pixels)" in str(info.value)
+    assert info.value.path == grown and "10x11 = 110 pixels, over the limit of 100 (data.max_image_pixels)" in str(
+        info.value
+    )
 
 
 def test_the_configs_give_the_data_modules_max_image_pixels(tmp_path: Path) -> None:
@@ -366,7 +385,11 @@ def test_the_demo_refuses_an_upload_over_the_limit_or_of_another_format_before_d
     postscript = tmp_path / "x.png"
     postscript.write_bytes(EPS)
     cases = [
-        (Demo(vqa_task, max_pixels=10_000), wide, "101x100 = 10,100 pixels, over the limit of 10,000 (data.max_image_pixels)"),
+        (
+            Demo(vqa_task, max_pixels=10_000),
+            wide,
+            "101x100 = 10,100 pixels, over the limit of 10,000 (data.max_image_pixels)",
+        ),
         (Demo(vqa_task), bomb, "10000x9000 = 90,000,000 pixels, over the limit of 89,478,485 (data.max_image_pixels)"),
         (Demo(vqa_task), postscript, f"{NOT_RASTER}: cannot identify its format"),
         (Demo(vqa_task), tmp_path / "gone.png", "uploads are deleted after an hour: upload the image again"),
@@ -385,7 +408,9 @@ def test_the_demo_reads_an_upload_within_the_limit(vqa_task, tmp_path: Path) -> 
     assert isinstance(Demo(vqa_task).pixels(str(square)), torch.Tensor)
 
 
-def test_a_file_with_more_bytes_than_its_pixels_can_take_is_refused_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_file_with_more_bytes_than_its_pixels_can_take_is_refused_unread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A small image followed by gigabytes (a sparse file here): refused by its size before it is
     read into memory, through every reader and as a shard member (whose header gives its size)."""
     from mmtx.data.images import max_file_bytes

@@ -88,7 +88,8 @@ def test_a_huge_caption_in_coco_captions_is_cut_and_reported(tmp_path: Path, cap
     records = read_coco_captions(file, tmp_path, limit=limit)
     assert max(len(c) for r in records for c in r.captions) == 50
     assert [(what, length) for what, length in limit.cut] == [
-        (f"{file}: annotations[0].caption", len(long)), (f"{file}: annotations[2].caption", len(long) + 2),
+        (f"{file}: annotations[0].caption", len(long)),
+        (f"{file}: annotations[2].caption", len(long) + 2),
     ]
 
 
@@ -121,7 +122,10 @@ def test_a_huge_question_and_answer_in_vqa_files_are_cut_and_reported(tmp_path: 
     assert [r.question for r in records] == [long[:MAX_TEXT_CHARS], "what colour is it?"]
     assert records[0].answers == ("red", long[:MAX_TEXT_CHARS])
     assert len(cut_lines(caplog, questions)) == 1 and f"{questions}: cut 1 text(s)" in cut_lines(caplog, questions)[0]
-    assert len(cut_lines(caplog, annotations)) == 1 and f"{annotations}: cut 1 text(s)" in cut_lines(caplog, annotations)[0]
+    assert (
+        len(cut_lines(caplog, annotations)) == 1
+        and f"{annotations}: cut 1 text(s)" in cut_lines(caplog, annotations)[0]
+    )
     limit = TextLimit(50)  # the questions' and the annotations' reader both cut to it and list in it
     [record, _] = read_vqa(questions, annotations, tmp_path / "images", limit=limit)
     assert record.question == long[:50] and record.answers == ("red", long[:50])
@@ -144,7 +148,9 @@ def test_a_jsonl_line_over_the_line_limit_is_a_bad_annotation(tmp_path: Path, ca
         read_pairs(file, tmp_path)
     assert str(info.value) == skipped[0]
 
-    module = _one_bad_row_under_both_policies(file, tmp_path, r"pairs.jsonl: line 2: .* over the 1048576 a JSONL line may have", caplog)
+    module = _one_bad_row_under_both_policies(
+        file, tmp_path, r"pairs.jsonl: line 2: .* over the 1048576 a JSONL line may have", caplog
+    )
     assert [d.what for d in module.report.items if d.kind == "annotation"] == skipped
 
 
@@ -173,12 +179,16 @@ def write_sparse_shard(path: Path, claimed: int) -> Path:
     image = io.BytesIO()
     Image.new("RGB", (8, 8), "red").save(image, format="PNG")
     with path.open("wb") as f:
-        f.write(member("a.png", image.getvalue()) + member("a.txt", b"a red square") + member("b.png", image.getvalue()))
+        f.write(
+            member("a.png", image.getvalue()) + member("a.txt", b"a red square") + member("b.png", image.getvalue())
+        )
         big = tarfile.TarInfo("b.txt")
         big.size = claimed
         f.write(big.tobuf(tarfile.GNU_FORMAT))
         f.seek(claimed, io.SEEK_CUR)  # the member's bytes: a hole
-        f.write(member("c.png", image.getvalue()) + member("c.txt", b"a red square too") + b"\0" * 2 * tarfile.BLOCKSIZE)
+        f.write(
+            member("c.png", image.getvalue()) + member("c.txt", b"a red square too") + b"\0" * 2 * tarfile.BLOCKSIZE
+        )
     return path
 
 
@@ -212,7 +222,10 @@ def test_long_shard_captions_and_questions_are_cut_and_reported_per_shard(tmp_pa
     ])  # fmt: skip
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         records = read_shards([first, second])
-    assert [r.captions for r in records] == [(long[:MAX_TEXT_CHARS],), ("ok", long[:MAX_TEXT_CHARS], long[:MAX_TEXT_CHARS])]
+    assert [r.captions for r in records] == [
+        (long[:MAX_TEXT_CHARS],),
+        ("ok", long[:MAX_TEXT_CHARS], long[:MAX_TEXT_CHARS]),
+    ]
     assert f"{first}: cut 1 text(s)" in cut_lines(caplog, first)[0]
     assert f"{second}: cut 2 text(s)" in cut_lines(caplog, second)[0]
 
@@ -251,11 +264,15 @@ def test_a_csv_cell_over_the_field_limit_is_a_bad_annotation_named_by_line(tmp_p
     assert str(info.value) == skipped[0]
     assert csv.field_size_limit() == limit  # the global limit is left as it was
 
-    _one_bad_row_under_both_policies(file, tmp_path, r"pairs.csv: line 3: unreadable CSV row: field larger than field limit", caplog)
+    _one_bad_row_under_both_policies(
+        file, tmp_path, r"pairs.csv: line 3: unreadable CSV row: field larger than field limit", caplog
+    )
 
     header = tmp_path / "header.csv"
     header.write_text(f"image,{'c' * (limit + 1)}\na.png,red\n")
-    with pytest.raises(AnnotationError, match=rf"header.csv: line 1: unreadable CSV header: field larger than field limit \({limit}\)"):
+    with pytest.raises(
+        AnnotationError, match=rf"header.csv: line 1: unreadable CSV header: field larger than field limit \({limit}\)"
+    ):
         read_pairs(header, tmp_path)
 
 
@@ -279,10 +296,16 @@ def test_the_data_module_serves_and_validates_against_cut_captions(tmp_path: Pat
         module.setup("fit")
         batch = next(iter(module.val_dataloader()))
     assert module.records("train")[0].captions == ("a red square", long[:300])
-    assert sorted(module.datasets["train"][i]["caption"] for i in range(3)) == ["a blue square", "a red square", long[:300]]
+    assert sorted(module.datasets["train"][i]["caption"] for i in range(3)) == [
+        "a blue square",
+        "a red square",
+        long[:300],
+    ]
     assert batch["references"] == [["a red square", long[:300]], ["a blue square"]]  # what the caption metrics score
     assert module.references("val") == {1: ["a red square", long[:300]], 2: ["a blue square"]}
-    cut = [(d.split, d.what, d.reason) for d in module.report.items if d.kind == "truncated" and "characters" in d.reason]
+    cut = [
+        (d.split, d.what, d.reason) for d in module.report.items if d.kind == "truncated" and "characters" in d.reason
+    ]
     assert cut == [(s, f"{tmp_path / f'{s}.json'}: annotations[1].caption", f"{len(long)} characters > data.max_text_chars=300")
                    for s in ("train", "val")]  # fmt: skip
     for split in ("train", "val"):
@@ -300,7 +323,8 @@ def test_max_text_chars_is_a_data_setting_of_every_source() -> None:
         assert OmegaConf.load(preset).max_text_chars == MAX_TEXT_CHARS, preset
     assert not [p for p in data_problems(compose_train(["data=pairs"]).data) if "max_text_chars" in p]
     assert "data.max_text_chars=0 must be a positive integer" in data_problems(
-        compose_train(["data=pairs", "data.max_text_chars=0"]).data)
+        compose_train(["data=pairs", "data.max_text_chars=0"]).data
+    )
     with pytest.raises(ValueError, match="data.max_text_chars=0 must be a positive integer"):
         CocoCaptions(max_text_chars=0)
 

@@ -29,7 +29,10 @@ def _write(path: Path, document: Any) -> Path:
 
 def _questions() -> dict[str, Any]:
     return {
-        "info": {}, "task_type": "Open-Ended", "data_type": "mscoco", "data_subtype": "val2014",
+        "info": {},
+        "task_type": "Open-Ended",
+        "data_type": "mscoco",
+        "data_subtype": "val2014",
         "questions": [
             {"image_id": 42, "question": "What color is the  bus?", "question_id": 42001},
             {"image_id": 42, "question": "How many people?", "question_id": 42000},
@@ -41,13 +44,17 @@ def _questions() -> dict[str, Any]:
 def _annotations() -> dict[str, Any]:
     def entry(question_id: int, image_id: int, answers: list[str], answer_type: str, question_type: str) -> dict:
         return {
-            "question_id": question_id, "image_id": image_id, "answer_type": answer_type,
-            "question_type": question_type, "multiple_choice_answer": answers[0],
+            "question_id": question_id,
+            "image_id": image_id,
+            "answer_type": answer_type,
+            "question_type": question_type,
+            "multiple_choice_answer": answers[0],
             "answers": [{"answer": a, "answer_confidence": "yes", "answer_id": k + 1} for k, a in enumerate(answers)],
         }
 
     return {
-        "info": {}, "data_subtype": "val2014",
+        "info": {},
+        "data_subtype": "val2014",
         "annotations": [
             entry(7000, 7, ["no"] * 9 + ["yes"], "yes/no", "is it"),
             entry(42000, 42, ["2"] * 6 + ["two", "3", "2 ", "2"], "number", "how many"),
@@ -61,8 +68,13 @@ def _annotations() -> dict[str, Any]:
 def vqa_files(tmp_path: Path) -> tuple[Path, Path, Path]:
     images = tmp_path / "val2014"
     images.mkdir()
-    for name in ("COCO_val2014_000000000042.jpg", "000000000007.png", "COCO_train2014_000000000099.jpg",
-                 "notes.txt", "COCO_val2014_000000000099.json"):
+    for name in (
+        "COCO_val2014_000000000042.jpg",
+        "000000000007.png",
+        "COCO_train2014_000000000099.jpg",
+        "notes.txt",
+        "COCO_val2014_000000000099.json",
+    ):
         (images / name).write_bytes(b"\xff\xd8")  # the reader locates files and does not open them
     return _write(tmp_path / "q.json", _questions()), _write(tmp_path / "a.json", _annotations()), images
 
@@ -71,8 +83,9 @@ def test_reads_records_sorted_by_question_id_with_raw_answers(vqa_files: tuple[P
     questions, annotations, images = vqa_files
     records = read_vqa(questions, annotations, images)
     assert [r.question_id for r in records] == [7000, 42000, 42001]
-    assert records[0] == VqaRecord(7000, 7, images / "000000000007.png", "Is it raining?",
-                                   ("no",) * 9 + ("yes",), "yes/no", "is it")
+    assert records[0] == VqaRecord(
+        7000, 7, images / "000000000007.png", "Is it raining?", ("no",) * 9 + ("yes",), "yes/no", "is it"
+    )
     assert records[1].answers == ("2",) * 6 + ("two", "3", "2 ", "2")  # as typed: the metric normalises
     assert records[2].path == images / "COCO_val2014_000000000042.jpg"
     assert records[2].question == "What color is the bus?"  # whitespace collapsed
@@ -90,8 +103,12 @@ def test_image_names_by_plain_id_and_without_data_subtype(tmp_path: Path) -> Non
     images.mkdir()
     for name in ("5.jpg", "COCO_test2015_000000000006.JPG"):
         (images / name).write_bytes(b"x")
-    document = {"questions": [{"image_id": 5, "question": "q?", "question_id": 1},
-                              {"image_id": 6, "question": "q?", "question_id": 2}]}
+    document = {
+        "questions": [
+            {"image_id": 5, "question": "q?", "question_id": 1},
+            {"image_id": 6, "question": "q?", "question_id": 2},
+        ]
+    }
     records = read_vqa(_write(tmp_path / "q.json", document), None, images)
     assert [r.path.name for r in records] == ["5.jpg", "COCO_test2015_000000000006.JPG"]  # any COCO subtype
 
@@ -106,7 +123,8 @@ def test_write_round_trips_through_the_reader(tmp_path: Path) -> None:
     ]
     write_vqa(records, tmp_path / "out" / "q.json", tmp_path / "out" / "a.json", data_subtype="train2014")
     assert read_vqa(tmp_path / "out" / "q.json", tmp_path / "out" / "a.json", images) == sorted(
-        records, key=lambda r: r.question_id)
+        records, key=lambda r: r.question_id
+    )
     annotation = json.loads((tmp_path / "out" / "a.json").read_text())["annotations"][0]
     assert annotation["multiple_choice_answer"] == "3"
     assert [a["answer_id"] for a in annotation["answers"]] == [1, 2, 3, 4, 5]
@@ -131,16 +149,29 @@ def _edited(document: dict[str, Any], edit: Any) -> dict[str, Any]:
     [
         (lambda d: d.pop("questions"), None, r"q.json: questions: missing key 'questions'"),
         (lambda d: d["questions"][1].pop("question_id"), None, r"q.json: questions\[1\].question_id: missing key"),
-        (lambda d: d["questions"][0].update(image_id="42"), None,
-         r"q.json: questions\[0\].image_id: expected an integer, got a string"),
+        (
+            lambda d: d["questions"][0].update(image_id="42"),
+            None,
+            r"q.json: questions\[0\].image_id: expected an integer, got a string",
+        ),
         (lambda d: d["questions"].append(d["questions"][0]), None, r"questions\[3\].question_id: duplicate .* 42001"),
         (lambda d: d["questions"][2].update(question=" "), None, r"questions\[2\].question: empty question"),
-        (None, lambda d: d["annotations"].pop(0), r"a.json: no annotation for 1 question\(s\) of .*q.json, e.g. .* 7000"),
-        (None, lambda d: d["annotations"][1].update(image_id=7),
-         r"a.json: annotations\[1\].image_id: image id 7, but question 42000 .* is about image 42"),
+        (
+            None,
+            lambda d: d["annotations"].pop(0),
+            r"a.json: no annotation for 1 question\(s\) of .*q.json, e.g. .* 7000",
+        ),
+        (
+            None,
+            lambda d: d["annotations"][1].update(image_id=7),
+            r"a.json: annotations\[1\].image_id: image id 7, but question 42000 .* is about image 42",
+        ),
         (None, lambda d: d["annotations"][0].update(answers=[]), r"annotations\[0\].answers: no answers"),
-        (None, lambda d: d["annotations"][0]["answers"][3].pop("answer"),
-         r"annotations\[0\].answers\[3\].answer: missing key 'answer'"),
+        (
+            None,
+            lambda d: d["annotations"][0]["answers"][3].pop("answer"),
+            r"annotations\[0\].answers\[3\].answer: missing key 'answer'",
+        ),
         (None, lambda d: d["annotations"][2].update(answer_type=3), r"annotations\[2\].answer_type: expected a string"),
     ],
 )
@@ -162,9 +193,12 @@ def test_missing_and_ambiguous_images_are_reported_by_id(vqa_files: tuple[Path, 
     document["questions"] += [{"image_id": i, "question": "q?", "question_id": i * 1000} for i in range(99, 107)]
     _write(questions, document)
     # 8 missing ids, the first 5 listed; the file for 99 is named for train2014, not this val2014 file
-    with pytest.raises(AnnotationError, match=r"val2014: no image file for 8 image id\(s\) of .*q.json, "
-                                              r"e.g. ids 99, 100, 101, 102, 103; expected names like "
-                                              r"COCO_val2014_000000000099.jpg"):
+    with pytest.raises(
+        AnnotationError,
+        match=r"val2014: no image file for 8 image id\(s\) of .*q.json, "
+        r"e.g. ids 99, 100, 101, 102, 103; expected names like "
+        r"COCO_val2014_000000000099.jpg",
+    ):
         read_vqa(questions, None, images)
 
     _write(questions, _questions())
@@ -184,8 +218,12 @@ _RELATIONS = {"left of": "left", "right of": "right", "above": "above", "below":
 def _clearly(a: Shape, relation: str, b: Shape) -> bool:
     """`a` is `relation` of `b` by the shapes' 2:1 rule (image y points down)."""
     dx, dy = b.center[0] - a.center[0], b.center[1] - a.center[1]
-    return {"left": dx >= 2 * abs(dy), "right": -dx >= 2 * abs(dy),
-            "above": dy >= 2 * abs(dx), "below": -dy >= 2 * abs(dx)}[relation]
+    return {
+        "left": dx >= 2 * abs(dy),
+        "right": -dx >= 2 * abs(dy),
+        "above": dy >= 2 * abs(dx),
+        "below": -dy >= 2 * abs(dx),
+    }[relation]
 
 
 def _on_side(a: Shape, relation: str, b: Shape) -> bool:
@@ -240,8 +278,10 @@ def _truth(question: str, scene: Scene) -> str:
 
 def _asked(count: int, seed: int = 0, per_scene: int = 5) -> list[tuple[Scene, list[shapes_vqa.ShapesQuestion]]]:
     rng = random.Random(seed)
-    return [(scene, ask_about_scene(scene, rng, per_scene))
-            for _, _, scene in (draw_scene(rng, 64, num_captions=1) for _ in range(count))]
+    return [
+        (scene, ask_about_scene(scene, rng, per_scene))
+        for _, _, scene in (draw_scene(rng, 64, num_captions=1) for _ in range(count))
+    ]
 
 
 def test_questions_are_answered_by_the_scene() -> None:
@@ -251,8 +291,15 @@ def test_questions_are_answered_by_the_scene() -> None:
         for q in questions:
             assert q.answer == _truth(q.question, scene), (q, scene)
             families[q.question_type] += 1
-    assert set(families) == {"how many", "is there a", "what color is the", "what shape is the",
-                             "what size is the", "is the", "what is"}
+    assert set(families) == {
+        "how many",
+        "is there a",
+        "what color is the",
+        "what shape is the",
+        "what size is the",
+        "is the",
+        "what is",
+    }
 
 
 def test_ten_annotator_answers_mostly_right_with_some_noise() -> None:
@@ -306,8 +353,10 @@ def test_same_seed_same_questions() -> None:
 def test_generate_writes_official_files_and_reuses_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "shapes_vqa"
     files = generate_shapes_vqa(root, num_train=6, num_val=3, image_size=32, seed=2, questions_per_image=4)
-    assert files == {split: (root / f"questions_{split}.json", root / f"annotations_{split}.json", root / split)
-                     for split in ("train", "val")}
+    assert files == {
+        split: (root / f"questions_{split}.json", root / f"annotations_{split}.json", root / split)
+        for split in ("train", "val")
+    }
     train, val = (read_vqa(*files[split]) for split in ("train", "val"))
     assert len(train) == 6 * 4 and len(val) == 3 * 4
     assert len({r.image_id for r in train}) == 6 and not {r.image_id for r in train} & {r.image_id for r in val}
@@ -335,7 +384,8 @@ def test_generate_is_deterministic_and_refuses_foreign_directories(tmp_path: Pat
             if path_a.is_file():
                 assert path_a.read_bytes() == path_b.read_bytes()
         assert [p.read_bytes() for p in sorted(first[split][2].iterdir())] == [
-            p.read_bytes() for p in sorted(second[split][2].iterdir())]
+            p.read_bytes() for p in sorted(second[split][2].iterdir())
+        ]
 
     foreign = tmp_path / "mine"
     foreign.mkdir()

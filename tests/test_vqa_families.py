@@ -42,20 +42,27 @@ def test_scores_each_family_with_the_official_accuracy(tmp_path: Path) -> None:
     family = _script().family
     # right on every counting question, "purple" (wrong) on every other one
     predictions = [
-        {"question_id": q["question_id"],
-         "answer": annotations[q["question_id"]]["multiple_choice_answer"]
-         if q["question"].startswith("how many") else "purple"}
+        {
+            "question_id": q["question_id"],
+            "answer": annotations[q["question_id"]]["multiple_choice_answer"]
+            if q["question"].startswith("how many")
+            else "purple",
+        }
         for q in questions
     ]
     path = tmp_path / "predictions.json"
     path.write_text(json.dumps(predictions))
     out = tmp_path / "families.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "vqa"), str(path), "--json", str(out)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path / "vqa"), str(path), "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     table = json.loads(out.read_text())[str(path)]
     assert sum(n for n, _ in table.values()) == len(questions)
-    for name, (n, accuracy) in table.items():
+    for name, (_n, accuracy) in table.items():
         if name.startswith("count"):
             assert accuracy == 100.0, name
         elif not name.startswith(("color of", "what is")):  # purple can be right there

@@ -26,28 +26,61 @@ from mmtx.metrics.vqa import (
     ("raw", "expected"),
     [
         # number words become digits, whole words only; "none" counts as zero
-        ("two", "2"), ("Two", "2"), ("none", "0"), ("zero", "0"), ("ten", "10"), ("eleven", "eleven"),
-        ("one dog", "1 dog"), ("someone", "someone"),
+        ("two", "2"),
+        ("Two", "2"),
+        ("none", "0"),
+        ("zero", "0"),
+        ("ten", "10"),
+        ("eleven", "eleven"),
+        ("one dog", "1 dog"),
+        ("someone", "someone"),
         # articles are dropped as whole words
-        ("the cat", "cat"), ("a dog", "dog"), ("an apple", "apple"), ("a", ""), ("theater", "theater"),
+        ("the cat", "cat"),
+        ("a dog", "dog"),
+        ("an apple", "apple"),
+        ("a", ""),
+        ("theater", "theater"),
         # punctuation next to a space is removed, elsewhere it becomes a space
-        ("yes!", "yes"), ("why?", "why"), ("red, white", "red white"), ("red,white", "red white"),
-        ("t-shirt", "t shirt"), ("black / white", "black white"), ("black/white", "black white"),
+        ("yes!", "yes"),
+        ("why?", "why"),
+        ("red, white", "red white"),
+        ("red,white", "red white"),
+        ("t-shirt", "t shirt"),
+        ("black / white", "black white"),
+        ("black/white", "black white"),
         ("(red)", "red"),
         # ...judged on the text as given: " (" occurs, ") " and " )" do not, so ")" becomes a space
         ("red (dark)", "red dark"),
         # apostrophes, colons and other symbols are kept
-        ("don't", "don't"), ("10:30", "10:30"), ("#1", "#1"), ("50%", "50%"),
+        ("don't", "don't"),
+        ("10:30", "10:30"),
+        ("#1", "#1"),
+        ("50%", "50%"),
         # a digit-comma-digit anywhere glues every punctuation mark, not just that comma
-        ("1,000", "1000"), ("1,000 dogs, cats", "1000 dogs cats"), ("red-white 1,5", "redwhite 15"),
+        ("1,000", "1000"),
+        ("1,000 dogs, cats", "1000 dogs cats"),
+        ("red-white 1,5", "redwhite 15"),
         # periods go unless a digit follows them
-        ("3.5", "3.5"), (".5", ".5"), ("5.", "5"), ("yes.", "yes"), ("U.S.A.", "usa"), ("mr. smith", "mr smith"),
+        ("3.5", "3.5"),
+        (".5", ".5"),
+        ("5.", "5"),
+        ("yes.", "yes"),
+        ("U.S.A.", "usa"),
+        ("mr. smith", "mr smith"),
         ("v1.2.3", "v1.2.3"),
         # missing apostrophes are restored after lowercasing; the table's capitalised keys never match
-        ("dont", "don't"), ("Dont", "don't"), ("isnt", "isn't"), ("youre", "you're"), ("cant", "can't"),
-        ("twas", "'twas"), ("somebody'd", "somebodyd"), ("Im", "im"),
+        ("dont", "don't"),
+        ("Dont", "don't"),
+        ("isnt", "isn't"),
+        ("youre", "you're"),
+        ("cant", "can't"),
+        ("twas", "'twas"),
+        ("somebody'd", "somebodyd"),
+        ("Im", "im"),
         # whitespace: tabs and newlines, outer and repeated spaces
-        ("  yes\n", "yes"), ("red\tball", "red ball"), ("two  dogs", "2 dogs"),
+        ("  yes\n", "yes"),
+        ("red\tball", "red ball"),
+        ("two  dogs", "2 dogs"),
         ("The Two Dogs!", "2 dogs"),
     ],
 )
@@ -100,15 +133,20 @@ class _Annotation:
 def test_vqa_accuracy_reports_percent_overall_and_per_answer_type() -> None:
     annotations: dict[int, Any] = {
         1: _Annotation(("yes",) * 10, "yes/no"),  # a record-like object
-        2: {"answers": [{"answer": a, "answer_id": k} for k, a in enumerate(["3"] * 8 + ["2"] * 2)],
-            "answer_type": "number"},  # an official annotation dict
+        2: {
+            "answers": [{"answer": a, "answer_id": k} for k, a in enumerate(["3"] * 8 + ["2"] * 2)],
+            "answer_type": "number",
+        },  # an official annotation dict
         3: {"answers": ["red"] * 10, "answer_type": "other"},  # answers as plain strings
         4: _Annotation(("no",) * 6 + ("yes",) * 4, "yes/no"),
     }
     predictions = {1: "yes", 2: "2", 3: "blue", 4: "yes"}
     # per question: 1.0, 0.6, 0.0, 1.0 (four "yes" leave at least 3 in every subset)
     assert vqa_accuracy(predictions, annotations) == {
-        "accuracy": 65.0, "yes/no": 100.0, "number": 60.0, "other": 0.0,
+        "accuracy": 65.0,
+        "yes/no": 100.0,
+        "number": 60.0,
+        "other": 0.0,
     }
     # an answer type without questions is left out, as in the official perAnswerType
     only_yes_no = {1: annotations[1], 4: annotations[4]}
@@ -179,12 +217,45 @@ def test_answer_vocab_orders_by_count_then_alphabetically() -> None:
 # Transcribed from the official script (GT-Vision-Lab/VQA master): the same punctuation list and
 # regexes (including the no-op "(?!<=\d)" and re.UNICODE passed as the count), the number map,
 # the articles, and of the contraction table the two entries the generated answers can contain.
-_OFFICIAL_PUNCT = [";", r"/", "[", "]", '"', "{", "}", "(", ")", "=", "+", "\\", "_", "-", ">", "<", "@", "`",
-                   ",", "?", "!"]
+_OFFICIAL_PUNCT = [
+    ";",
+    r"/",
+    "[",
+    "]",
+    '"',
+    "{",
+    "}",
+    "(",
+    ")",
+    "=",
+    "+",
+    "\\",
+    "_",
+    "-",
+    ">",
+    "<",
+    "@",
+    "`",
+    ",",
+    "?",
+    "!",
+]
 _OFFICIAL_PERIOD = re.compile(r"(?!<=\d)(\.)(?!\d)")
 _OFFICIAL_COMMA = re.compile(r"(\d)(\,)(\d)")
-_OFFICIAL_NUMBERS = {"none": "0", "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5",
-                     "six": "6", "seven": "7", "eight": "8", "nine": "9", "ten": "10"}
+_OFFICIAL_NUMBERS = {
+    "none": "0",
+    "zero": "0",
+    "one": "1",
+    "two": "2",
+    "three": "3",
+    "four": "4",
+    "five": "5",
+    "six": "6",
+    "seven": "7",
+    "eight": "8",
+    "nine": "9",
+    "ten": "10",
+}
 _OFFICIAL_CONTRACTIONS = {"dont": "don't", "isnt": "isn't"}
 
 
@@ -220,8 +291,35 @@ def _official_question_accuracy(prediction: str, answers: list[str]) -> float:
     return float(sum(accs)) / len(accs)
 
 
-_TOKENS = ["yes", "Yes", "no", "2", "two", "Two", "1,000", "1000", "3.5", "the", "a", "dog", "dogs", "dont",
-           "don't", "isnt", ",", ".", "!", "-", "(", ")", "/", ":", " ", "\n", "\t"]
+_TOKENS = [
+    "yes",
+    "Yes",
+    "no",
+    "2",
+    "two",
+    "Two",
+    "1,000",
+    "1000",
+    "3.5",
+    "the",
+    "a",
+    "dog",
+    "dogs",
+    "dont",
+    "don't",
+    "isnt",
+    ",",
+    ".",
+    "!",
+    "-",
+    "(",
+    ")",
+    "/",
+    ":",
+    " ",
+    "\n",
+    "\t",
+]
 _ANSWER_TEXT = st.lists(st.sampled_from(_TOKENS), min_size=1, max_size=4).map("".join)
 
 

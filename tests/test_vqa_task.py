@@ -17,7 +17,13 @@ from mmtx.tasks.vqa import soft_targets
 from tests.helpers import TINY_TWO_STREAM, train_in_process
 
 TINY_DATA = ["data.image_size=32", "data.num_train=48", "data.num_val=16", "data.num_workers=0", "data.batch_size=16"]
-RUN = ["logger=csv", "trainer.max_epochs=1", "trainer.precision=32-true", "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1"]
+RUN = [
+    "logger=csv",
+    "trainer.max_epochs=1",
+    "trainer.precision=32-true",
+    "trainer.enable_progress_bar=false",
+    "trainer.log_every_n_steps=1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -26,19 +32,58 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("runs")
     data = [*TINY_DATA, f"paths.data_dir={root / 'data'}"]
     dirs = {name: root / name for name in ("pretrain", "vqa", "vqa_init", "caption_init")}
-    train_in_process(["experiment=pretrain_shapes", *TINY_TWO_STREAM, *data, *RUN, "task.retrieval_images=16",
-                      "task.objectives.mpm=1.0",  # every objective on: each loss is logged
-                      f"paths.output_dir={dirs['pretrain']}"])
+    train_in_process(
+        [
+            "experiment=pretrain_shapes",
+            *TINY_TWO_STREAM,
+            *data,
+            *RUN,
+            "task.retrieval_images=16",
+            "task.objectives.mpm=1.0",  # every objective on: each loss is logged
+            f"paths.output_dir={dirs['pretrain']}",
+        ]
+    )
     pre_ckpt = dirs["pretrain"] / "checkpoints" / "last.ckpt"
-    train_in_process(["experiment=vqa_shapes", *TINY_TWO_STREAM, *data, *RUN, "task.num_answers=50",
-                      f"paths.output_dir={dirs['vqa']}"])
-    train_in_process(["experiment=vqa_shapes", *TINY_TWO_STREAM, *data, *RUN, "task.num_answers=50",
-                      f"init_from={pre_ckpt}", "tokenizer.add_words=true", "trainer.max_steps=1",
-                      f"paths.output_dir={dirs['vqa_init']}"])
-    train_in_process(["model.encoder.dim=32", "model.encoder.depth=1", "model.encoder.num_heads=2",
-                      "model.encoder.patch_size=8", "model.decoder.dim=32", "model.decoder.depth=1",
-                      "model.decoder.num_heads=2", *data, *RUN, f"init_from={pre_ckpt}", "trainer.max_steps=1",
-                      "task.lr=1e-12", f"paths.output_dir={dirs['caption_init']}"])
+    train_in_process(
+        [
+            "experiment=vqa_shapes",
+            *TINY_TWO_STREAM,
+            *data,
+            *RUN,
+            "task.num_answers=50",
+            f"paths.output_dir={dirs['vqa']}",
+        ]
+    )
+    train_in_process(
+        [
+            "experiment=vqa_shapes",
+            *TINY_TWO_STREAM,
+            *data,
+            *RUN,
+            "task.num_answers=50",
+            f"init_from={pre_ckpt}",
+            "tokenizer.add_words=true",
+            "trainer.max_steps=1",
+            f"paths.output_dir={dirs['vqa_init']}",
+        ]
+    )
+    train_in_process(
+        [
+            "model.encoder.dim=32",
+            "model.encoder.depth=1",
+            "model.encoder.num_heads=2",
+            "model.encoder.patch_size=8",
+            "model.decoder.dim=32",
+            "model.decoder.depth=1",
+            "model.decoder.num_heads=2",
+            *data,
+            *RUN,
+            f"init_from={pre_ckpt}",
+            "trainer.max_steps=1",
+            "task.lr=1e-12",
+            f"paths.output_dir={dirs['caption_init']}",
+        ]
+    )
     return dirs
 
 
@@ -57,7 +102,14 @@ def test_pretraining_run_reports_alignment_and_retrieval(runs):
     assert summary["baseline"]["t2i_R@1"] == pytest.approx(100 / 16)
     rows = (runs["pretrain"] / "csv" / "version_0" / "metrics.csv").read_text().splitlines()
     header = rows[0].split(",")
-    for key in ("train/mlm_loss", "train/mpm_loss", "train/itm_loss", "train/itc_loss", "train/mlm_acc", "val/itm_accuracy"):
+    for key in (
+        "train/mlm_loss",
+        "train/mpm_loss",
+        "train/itm_loss",
+        "train/itc_loss",
+        "train/mlm_acc",
+        "val/itm_accuracy",
+    ):
         assert key in header
 
 
@@ -80,7 +132,10 @@ def test_init_from_loads_the_pretrained_weights(runs):
     pre_tokenizer = load_task(runs["pretrain"] / "checkpoints" / "last.ckpt").tokenizer
     added = spellings(pre_tokenizer, vqa.tokenizer)
     assert {"what", "how", "?"} <= {vqa.tokenizer.backend.id_to_token(i) for i in added}
-    embed, old_rows = vqa.state_dict()["model.backbone.text.token_embed.weight"], pre["model.backbone.text.token_embed.weight"]
+    embed, old_rows = (
+        vqa.state_dict()["model.backbone.text.token_embed.weight"],
+        pre["model.backbone.text.token_embed.weight"],
+    )
     assert embed.shape[0] == vqa.tokenizer.vocab_size == old_rows.shape[0] + len(added)
     assert (embed[: len(old_rows)] - old_rows).abs().max() < 0.05
     what = vqa.tokenizer.backend.token_to_id("what")
@@ -88,8 +143,9 @@ def test_init_from_loads_the_pretrained_weights(runs):
     # a captioner takes the vision stream as its image encoder (trained with lr ~ 0: unchanged)
     cap = load_task(runs["caption_init"] / "checkpoints" / "last.ckpt").state_dict()
     for key in ("encoder.blocks.0.attn.qkv.weight", "encoder.patch_embed.proj.weight", "encoder.pos_embed"):
-        torch.testing.assert_close(cap["model." + key], pre["model.backbone.vision." + key.removeprefix("encoder.")],
-                                   atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            cap["model." + key], pre["model.backbone.vision." + key.removeprefix("encoder.")], atol=1e-6, rtol=0
+        )
 
 
 @pytest.mark.slow
@@ -97,8 +153,15 @@ def test_mmtx_vqa_answers_one_image_and_a_file(cli, runs, tmp_path: Path):
     ckpt = runs["vqa"] / "checkpoints" / "last.ckpt"
     data_root = next((runs["vqa"].parent / "data").glob("shapes-vqa-*"))
     image = sorted((data_root / "val").glob("*.png"))[0]
-    one = cli.run("mmtx-vqa", f"ckpt={ckpt}", f"image={image}", "question=how many shapes are there?",
-                  "top_k=3", f"attention={tmp_path / 'maps'}", cwd=tmp_path)
+    one = cli.run(
+        "mmtx-vqa",
+        f"ckpt={ckpt}",
+        f"image={image}",
+        "question=how many shapes are there?",
+        "top_k=3",
+        f"attention={tmp_path / 'maps'}",
+        cwd=tmp_path,
+    )
     *lines, written = one.stdout.strip().splitlines()
     assert written == f"attention map: {tmp_path / 'maps' / image.with_suffix('.png').name}"
     assert Image.open(tmp_path / "maps" / image.with_suffix(".png").name).size == (2 * 160, 160 + 18)  # image, map
@@ -106,14 +169,26 @@ def test_mmtx_vqa_answers_one_image_and_a_file(cli, runs, tmp_path: Path):
     scores = [float(line.split("\t")[0]) for line in lines]
     assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)
     out = tmp_path / "answers.json"
-    cli.run("mmtx-vqa", f"ckpt={ckpt}", f"questions={data_root / 'questions_val.json'}",
-            f"images={data_root / 'val'}", f"predictions={out}", cwd=tmp_path)
+    cli.run(
+        "mmtx-vqa",
+        f"ckpt={ckpt}",
+        f"questions={data_root / 'questions_val.json'}",
+        f"images={data_root / 'val'}",
+        f"predictions={out}",
+        cwd=tmp_path,
+    )
     predictions = json.loads(out.read_text())
     questions = read_vqa(data_root / "questions_val.json", None, data_root / "val")
     assert [p["question_id"] for p in predictions] == [q.question_id for q in questions]
     assert all(isinstance(p["answer"], str) and p["answer"] for p in predictions)
-    wrong = cli.run("mmtx-vqa", f"ckpt={runs['pretrain'] / 'checkpoints' / 'last.ckpt'}", f"image={image}",
-                    "question=what?", cwd=tmp_path, check=False)
+    wrong = cli.run(
+        "mmtx-vqa",
+        f"ckpt={runs['pretrain'] / 'checkpoints' / 'last.ckpt'}",
+        f"image={image}",
+        "question=what?",
+        cwd=tmp_path,
+        check=False,
+    )
     assert wrong.returncode != 0 and "not a VQA one" in wrong.stderr
 
 
@@ -153,7 +228,9 @@ def tiny_generator():
     torch.manual_seed(0)
     backbone = TwoStreamModel(
         VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2),
-        TextEncoder(40, dim=24, depth=1, num_heads=2, max_length=12), co_layers=1, joint_dim=32,
+        TextEncoder(40, dim=24, depth=1, num_heads=2, max_length=12),
+        co_layers=1,
+        joint_dim=32,
     )
     return VqaGenerator(backbone, CaptionDecoder(40, context_dim=32, dim=32, depth=1, num_heads=2, max_length=8))
 
@@ -175,8 +252,17 @@ def test_generative_vqa_ignores_question_padding_and_learns():
     for q in (question, other):
         context, context_mask = model.context(images, q, mask)
         for cache in (True, False):
-            outs.append(generate(model.decoder, context, context_mask=context_mask, bos_id=1, eos_id=2, pad_id=0,
-                                 config=GenerationConfig(max_new_tokens=6, num_beams=2, use_cache=cache)))
+            outs.append(
+                generate(
+                    model.decoder,
+                    context,
+                    context_mask=context_mask,
+                    bos_id=1,
+                    eos_id=2,
+                    pad_id=0,
+                    config=GenerationConfig(max_new_tokens=6, num_beams=2, use_cache=cache),
+                )
+            )
     assert all(torch.equal(outs[0], o) for o in outs[1:])
 
     model = tiny_generator().train()
@@ -223,7 +309,9 @@ def test_classifier_poolings_score_every_answer_and_learn(pooling: str) -> None:
     torch.manual_seed(0)
     backbone = TwoStreamModel(
         VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2),
-        TextEncoder(vocab_size=30, dim=32, depth=1, num_heads=2, max_length=8), co_layers=1, joint_dim=24,
+        TextEncoder(vocab_size=30, dim=32, depth=1, num_heads=2, max_length=8),
+        co_layers=1,
+        joint_dim=24,
     )
     model = VqaClassifier(backbone, num_answers=7, pooling=pooling)
     images, ids, mask = torch.randn(4, 3, 32, 32), torch.randint(1, 30, (4, 8)), torch.ones(4, 8, dtype=torch.bool)
@@ -255,7 +343,9 @@ def test_questions_about_one_image_share_its_encoding(vision_reads_text: bool, h
     torch.manual_seed(0)
     backbone = TwoStreamModel(
         VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, stem="conv"),
-        TextEncoder(vocab_size=30, dim=32, depth=1, num_heads=2, max_length=8), co_layers=1, joint_dim=24,
+        TextEncoder(vocab_size=30, dim=32, depth=1, num_heads=2, max_length=8),
+        co_layers=1,
+        joint_dim=24,
         vision_reads_text=vision_reads_text,
     )
     if head.startswith("classifier"):  # max: the image tokens' maximum; concat: pooled h_IMG
@@ -290,8 +380,14 @@ def test_collator_stacks_each_image_once_and_points_each_question_to_it() -> Non
     tok = Tokenizer.train(["is there a circle", "how many shapes"])
     a, b = torch.zeros(3, 8, 8, dtype=torch.uint8), torch.ones(3, 8, 8, dtype=torch.uint8)
     examples = [
-        {"image": img, "image_id": iid, "question": "is there a circle", "answers": ["yes"], "answer_type": "yes/no",
-         "question_id": n}
+        {
+            "image": img,
+            "image_id": iid,
+            "question": "is there a circle",
+            "answers": ["yes"],
+            "answer_type": "yes/no",
+            "question_id": n,
+        }
         for n, (iid, img) in enumerate([(7, a), (9, b), (7, a), (7, b), (9, b), (7, b)])
     ]  # the 4th and 6th: image 7 cropped otherwise (other pixels): a row of its own, shared by both
     batch = VqaCollator(tok, max_length=8)(examples)
@@ -307,8 +403,11 @@ def test_softmax_loss_is_cross_entropy_against_the_normalised_scores() -> None:
     from mmtx.models.two_stream import TwoStreamModel
     from mmtx.models.vqa import VqaClassifier
 
-    backbone = TwoStreamModel(VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2),
-                              TextEncoder(vocab_size=30, dim=32, depth=1, num_heads=2, max_length=8), co_layers=1)
+    backbone = TwoStreamModel(
+        VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2),
+        TextEncoder(vocab_size=30, dim=32, depth=1, num_heads=2, max_length=8),
+        co_layers=1,
+    )
     model = VqaClassifier(backbone, num_answers=4, pooling="max", loss="softmax")
     logits = torch.tensor([[2.0, 0.0, -1.0, 0.5], [0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
     targets = torch.tensor([[1.0, 0.3, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.6, 0.6]])
@@ -327,7 +426,10 @@ def test_unknown_pooling_is_refused() -> None:
     from mmtx.models.two_stream import TwoStreamModel
     from mmtx.models.vqa import VqaClassifier
 
-    backbone = TwoStreamModel(VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2),
-                              TextEncoder(vocab_size=30, dim=32, depth=1, num_heads=2, max_length=8), co_layers=1)
+    backbone = TwoStreamModel(
+        VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2),
+        TextEncoder(vocab_size=30, dim=32, depth=1, num_heads=2, max_length=8),
+        co_layers=1,
+    )
     with pytest.raises(ValueError, match="pooling='mean' must be one of product, concat, tokens, max"):
         VqaClassifier(backbone, num_answers=3, pooling="mean")

@@ -82,8 +82,10 @@ def with_image_ids(paths: list[str], predictions: str) -> dict[str, int]:
         else:
             ids[path] = named[image_id] = image_id
     if paths and not ids:
-        raise ConfigError(f"predictions={predictions}: COCO results need image ids, read from the file names "
-                          f"({ID_NAMES}); no image here is named so, e.g. {Path(paths[0]).name}")
+        raise ConfigError(
+            f"predictions={predictions}: COCO results need image ids, read from the file names "
+            f"({ID_NAMES}); no image here is named so, e.g. {Path(paths[0]).name}"
+        )
     return ids
 
 
@@ -99,8 +101,10 @@ def main(cfg: DictConfig) -> None:
             tqdm.write(f"{path}\t{caption}")  # beside the progress bar
     else:  # before the model is loaded: the files' image ids
         ids = with_image_ids(paths, cfg.predictions)
-        results = [{"image_id": ids[path], "caption": caption}
-                   for path, caption in caption_images(cfg, list(ids), skip_bad=from_folder)]
+        results = [
+            {"image_id": ids[path], "caption": caption}
+            for path, caption in caption_images(cfg, list(ids), skip_bad=from_folder)
+        ]
         Path(cfg.predictions).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.predictions).write_text(json.dumps(results))
         print(f"captioned {len(results)} of {len(paths)} files: {cfg.predictions}")

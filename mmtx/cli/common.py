@@ -8,8 +8,9 @@ import logging
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from hydra.errors import ConfigCompositionException
@@ -21,8 +22,8 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 from mmtx.callbacks import NonFiniteLossError
 from mmtx.checkpoint import CheckpointError
 from mmtx.config_check import ConfigError, not_a_key
-from mmtx.data.bad_data import BadDataError
 from mmtx.data.annotations import AnnotationError
+from mmtx.data.bad_data import BadDataError
 from mmtx.data.images import ImageLoadError
 from mmtx.data.tokenizer import TokenizerError
 from mmtx.export import ExportError
@@ -48,8 +49,16 @@ OmegaConf.register_new_resolver("mmtx.time_budget", time_budget, replace=True)
 
 # problems with the user's files or settings: reported in one line, not as a traceback
 USER_ERRORS = (
-    AnnotationError, CheckpointError, ImageLoadError, TokenizerError, FileNotFoundError, NonFiniteLossError,
-    ConfigError, BadDataError, ExportError, PretrainedError,
+    AnnotationError,
+    CheckpointError,
+    ImageLoadError,
+    TokenizerError,
+    FileNotFoundError,
+    NonFiniteLossError,
+    ConfigError,
+    BadDataError,
+    ExportError,
+    PretrainedError,
 )
 
 
@@ -59,7 +68,8 @@ USER_ERRORS = (
 # validates the final weights of every run), the model summary's size estimate
 _ADVERTS = ("💡 Tip:", "Trainer already configured with model summary callbacks")
 _NOISE = (
-    r".*isinstance\(treespec, LeafSpec\)", r".*could not find the monitored key in the returned metrics",
+    r".*isinstance\(treespec, LeafSpec\)",
+    r".*could not find the monitored key in the returned metrics",
     r"Precision .* is not supported by the model summary",
 )
 
@@ -149,7 +159,9 @@ def unknown_override_keys(config_name: str, argv: list[str]) -> list[str]:
         parent, _, name = key.rpartition(".")
         node = OmegaConf.select(cfg, parent) if parent else cfg
         if parent and node is None:  # e.g. data.test: null, which takes a whole {annotations, images}
-            problems.append(f"{key} is not a key of {parent}, which is null: give it whole, e.g. {parent}={{{name}:...}}")
+            problems.append(
+                f"{key} is not a key of {parent}, which is null: give it whole, e.g. {parent}={{{name}:...}}"
+            )
         else:
             problems.append(not_a_key(key, list(node) if isinstance(node, DictConfig) else []))
     return problems
@@ -160,8 +172,11 @@ def callbacks_for(trainer: DictConfig, callbacks: DictConfig | None) -> list[Any
     where ``trainer.enable_progress_bar=false`` or ``trainer.enable_model_summary=false`` turns them
     off: Lightning refuses a progress bar beside the one, and runs a summary it is given whatever
     the other says."""
-    off = tuple(kind for key, kind in (("enable_progress_bar", ProgressBar), ("enable_model_summary", ModelSummary))
-                if trainer.get(key) is False)
+    off = tuple(
+        kind
+        for key, kind in (("enable_progress_bar", ProgressBar), ("enable_model_summary", ModelSummary))
+        if trainer.get(key) is False
+    )
     return [cb for cb in instantiate_dict(callbacks) if not (off and isinstance(cb, off))]
 
 

@@ -65,8 +65,11 @@ class Demo:
         except ImageLoadError as err:
             return f"**Not an image we can read:** {err.reason}", "", _choices([]), None, []
         config = dataclasses.replace(
-            self.task.generation, num_beams=int(beams) if decoding == "beam search" else 1,
-            do_sample=decoding == "sampling", temperature=float(temperature), top_p=float(top_p),
+            self.task.generation,
+            num_beams=int(beams) if decoding == "beam search" else 1,
+            do_sample=decoding == "sampling",
+            temperature=float(temperature),
+            top_p=float(top_p),
         )
         images = normalize_images(pixels[None].to(self.task.device))
         ids = self.task.generate_ids(images, config)
@@ -109,8 +112,12 @@ def build_page(demo: Demo) -> Any:
         gr.Markdown(f"## mmtx · {type(demo.task).__name__}")
         with gr.Row():
             with gr.Column():
-                upload = gr.File(label=f"Image ({', '.join(IMAGE_FORMATS)})", file_types=UPLOAD_TYPES, type="filepath",
-                                 elem_id="upload")
+                upload = gr.File(
+                    label=f"Image ({', '.join(IMAGE_FORMATS)})",
+                    file_types=UPLOAD_TYPES,
+                    type="filepath",
+                    elem_id="upload",
+                )
                 status = gr.Markdown(elem_id="status")
                 if isinstance(demo.task, CaptionTask):
                     decoding = gr.Radio(list(DECODING), value="greedy", label="Decoding")
@@ -154,13 +161,19 @@ def main(cfg: DictConfig) -> None:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     task = load_task(cfg.ckpt, map_location=cfg.device)
     if not isinstance(task, (CaptionTask, AnswerTask)):
-        raise CheckpointError(f"{cfg.ckpt} is a {type(task).__name__} checkpoint: the demo takes a captioner or a VQA one")
+        raise CheckpointError(
+            f"{cfg.ckpt} is a {type(task).__name__} checkpoint: the demo takes a captioner or a VQA one"
+        )
     page = build_page(Demo(task))
     print(f"mmtx-demo: {type(task).__name__} from {cfg.ckpt} on http://{cfg.host}:{cfg.port}", flush=True)
     theme = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["monospace"])  # no web fonts to fetch
     page.queue(default_concurrency_limit=1).launch(
-        server_name=cfg.host, server_port=cfg.port, max_file_size=f"{cfg.max_upload_mb}mb", theme=theme,
-        show_error=True, quiet=True,
+        server_name=cfg.host,
+        server_port=cfg.port,
+        max_file_size=f"{cfg.max_upload_mb}mb",
+        theme=theme,
+        show_error=True,
+        quiet=True,
     )
 
 

@@ -12,7 +12,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from mmtx.checkpoint import CheckpointError, load_task
 from mmtx.cli.common import (
-    CONFIG_DIR, DATA_FILE_KEYS, check_override_keys, friendly_errors, generation_override, to_container,
+    CONFIG_DIR,
+    DATA_FILE_KEYS,
+    check_override_keys,
+    friendly_errors,
+    generation_override,
+    to_container,
 )
 from mmtx.config_check import ConfigError, check_eval_config
 from mmtx.data.shards import shard_paths
@@ -77,8 +82,11 @@ def recorded_files_exist(data: dict, split: str, ckpt: str) -> None:
     """The files of ``split`` that the checkpoint's data config names must be here, and so must
     the folder of a drawn data set (``root``)."""
     split_files = data.get(split) if isinstance(data.get(split), dict) else {}
-    missing = [f"{key}={value}" for key, value in {**data, **split_files}.items()
-               if key in DATA_FILE_KEYS and value and not all(p.exists() for p in _paths(key, value))]
+    missing = [
+        f"{key}={value}"
+        for key, value in {**data, **split_files}.items()
+        if key in DATA_FILE_KEYS and value and not all(p.exists() for p in _paths(key, value))
+    ]
     if isinstance(data.get("root"), str) and not Path(data["root"]).is_dir():
         missing.append(f"root={data['root']}")
     if missing:

@@ -20,7 +20,13 @@ from omegaconf import DictConfig
 from mmtx.callbacks import Preempted
 from mmtx.checkpoint import check_resume, init_from, read_checkpoint
 from mmtx.cli.common import (
-    CONFIG_DIR, absolute_data_paths, callbacks_for, check_override_keys, friendly_errors, instantiate_dict, log,
+    CONFIG_DIR,
+    absolute_data_paths,
+    callbacks_for,
+    check_override_keys,
+    friendly_errors,
+    instantiate_dict,
+    log,
     to_container,
 )
 from mmtx.config_check import check_train_config
@@ -61,8 +67,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
     else:
         data_arguments = task_cls.from_data(datamodule, **to_container(cfg.task))
     task = instantiate(
-        cfg.task, model=to_container(cfg.model), tokenizer=tokenizer.to_str(), **data_arguments,
-        data_config=to_container(cfg.data), _recursive_=False, _convert_="all",
+        cfg.task,
+        model=to_container(cfg.model),
+        tokenizer=tokenizer.to_str(),
+        **data_arguments,
+        data_config=to_container(cfg.data),
+        _recursive_=False,
+        _convert_="all",
     )
     if start:
         init_from(task, start, cfg.init_from, task.init_renames, new_tokens=_new_tokens(start, tokenizer))
@@ -86,7 +97,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     metrics = dict(task.metrics)
     if trainer.is_global_zero:
-        summary: dict[str, Any] = {"metrics": metrics, "steps": trainer.global_step, "checkpoints": str(out / "checkpoints")}
+        summary: dict[str, Any] = {
+            "metrics": metrics,
+            "steps": trainer.global_step,
+            "checkpoints": str(out / "checkpoints"),
+        }
         if validates:
             name, baseline = task.baseline(datamodule)
             print(f"\nvalidation after {trainer.global_step} steps; baseline: {name}")
@@ -120,10 +135,14 @@ def run_tokenizer(
         if not cfg.tokenizer.add_words:
             log.info("tokenizer: the one of init_from=%s", cfg.init_from)
             return tokenizer
-        log.info("tokenizer: the one of init_from=%s, with the training text's words it spells in pieces", cfg.init_from)
+        log.info(
+            "tokenizer: the one of init_from=%s, with the training text's words it spells in pieces", cfg.init_from
+        )
         return functools.partial(tokenizer.with_words, min_frequency=cfg.tokenizer.min_frequency)
     return functools.partial(
-        Tokenizer.train, vocab_size=cfg.tokenizer.vocab_size, kind=cfg.tokenizer.kind,
+        Tokenizer.train,
+        vocab_size=cfg.tokenizer.vocab_size,
+        kind=cfg.tokenizer.kind,
         min_frequency=cfg.tokenizer.min_frequency,
     )
 

@@ -73,8 +73,13 @@ class EntryProblems:
         """Log the texts cut (one line per file), then hand the problems over, or raise them as
         one AnnotationError."""
         for file, lengths in self.cut.items():
-            log.warning("%s: cut %d text(s) longer than data.max_text_chars=%d characters (the longest has %d)",
-                        file, len(lengths), self.limit.max_chars, max(lengths))
+            log.warning(
+                "%s: cut %d text(s) longer than data.max_text_chars=%d characters (the longest has %d)",
+                file,
+                len(lengths),
+                self.limit.max_chars,
+                max(lengths),
+            )
         self.cut = {}
         if self.skipped is not None:
             self.skipped.extend(self.found)

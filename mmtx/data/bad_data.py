@@ -56,7 +56,10 @@ class BadDataError(ValueError):
     many bad images under ``skip`` that none is left); the message lists them."""
 
     def __init__(
-        self, split: str, annotations: Sequence[str] = (), images: dict[Path, str] | None = None,
+        self,
+        split: str,
+        annotations: Sequence[str] = (),
+        images: dict[Path, str] | None = None,
         none_left: bool = False,
     ) -> None:
         self.split, self.annotations, self.images = split, list(annotations), dict(images or {})
@@ -73,8 +76,9 @@ class BadDataError(ValueError):
             parts.append("No image of the split is left to use.")
         else:
             keys = [k for k, found in (("on_bad_annotation", self.annotations), ("on_bad_image", self.images)) if found]
-            parts.append(f"Repair or remove them, or set {' and '.join(f'data.{k}=skip' for k in keys)} "
-                         "to leave them out.")
+            parts.append(
+                f"Repair or remove them, or set {' and '.join(f'data.{k}=skip' for k in keys)} to leave them out."
+            )
         super().__init__("\n".join(parts))
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -121,8 +125,14 @@ class BadDataReport:
 
 
 def screen(
-    split: str, records: list[Any], skipped: list[str], on_bad_image: Policy, on_bad_annotation: Policy,
-    report: BadDataReport, describe: Callable[[list[Any]], str], scan: bool = True,
+    split: str,
+    records: list[Any],
+    skipped: list[str],
+    on_bad_image: Policy,
+    on_bad_annotation: Policy,
+    report: BadDataReport,
+    describe: Callable[[list[Any]], str],
+    scan: bool = True,
     max_pixels: int = MAX_IMAGE_PIXELS,
 ) -> list[Any]:
     """The split's good ``records`` (each with a ``path``): the bad annotation entries its reader
@@ -142,13 +152,19 @@ def screen(
     if skipped:
         for problem in skipped:
             report.add(split, "annotation", problem, "entry left out")
-        log.warning("%s split: left out %d bad annotation entries (data.on_bad_annotation=skip):\n%s",
-                    split, len(skipped), listing(skipped))
+        log.warning(
+            "%s split: left out %d bad annotation entries (data.on_bad_annotation=skip):\n%s",
+            split,
+            len(skipped),
+            listing(skipped),
+        )
     if bad:
         for path, reason in sorted(bad.items()):
             report.add(split, "image", str(path), reason)
         log.warning(
-            "%s split: left out %d bad image file(s) and %s (data.on_bad_image=skip):\n%s", split, len(bad),
+            "%s split: left out %d bad image file(s) and %s (data.on_bad_image=skip):\n%s",
+            split,
+            len(bad),
             describe([r for r in records if r.path in bad]),
             listing([f"{path}: {reason}" for path, reason in sorted(bad.items())]),
         )
@@ -170,9 +186,14 @@ class DecodeFailures:
                 raise ImageLoadError(path, f"{reason} ({DECODE_HINT})")
             if not any(d.kind == "decode" and d.what == path for d in self.report.items):
                 self.report.add(self.split, "decode", path, reason)
-                log.warning("%s split: cannot decode %s (%s): replaced by another example "
-                            "(data.on_bad_image=skip; %d such file(s) so far)",
-                            self.split, path, reason, self.report.count("decode", self.split))
+                log.warning(
+                    "%s split: cannot decode %s (%s): replaced by another example "
+                    "(data.on_bad_image=skip; %d such file(s) so far)",
+                    self.split,
+                    path,
+                    reason,
+                    self.report.count("decode", self.split),
+                )
 
 
 class ScreenedLoader(DataLoader):

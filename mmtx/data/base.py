@@ -160,7 +160,9 @@ class ImageTextDataModule(L.LightningDataModule):
             raise ValueError(f"data.max_image_pixels={max_image_pixels!r} must be a positive integer")
         self.max_image_pixels = max_image_pixels
         if not (tokenizer is None or isinstance(tokenizer, Tokenizer) or callable(tokenizer)):
-            raise TypeError(f"tokenizer must be a Tokenizer or a function that learns one, got {type(tokenizer).__name__}")
+            raise TypeError(
+                f"tokenizer must be a Tokenizer or a function that learns one, got {type(tokenizer).__name__}"
+            )
         self.tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else None
         self._learn_tokenizer = None if isinstance(tokenizer, Tokenizer) else tokenizer
         self.datasets: dict[str, Dataset] = {}
@@ -213,18 +215,31 @@ class ImageTextDataModule(L.LightningDataModule):
             folder = self.image_folder(split)
             if folder is not None and not Path(folder[1]).is_dir():
                 key, path = folder
-                raise FileNotFoundError(f"{key}: folder {path} does not exist" if not Path(path).exists()
-                                        else f"{key}: {path} is a file, not a folder")
+                raise FileNotFoundError(
+                    f"{key}: folder {path} does not exist"
+                    if not Path(path).exists()
+                    else f"{key}: {path} is a file, not a folder"
+                )
             skipped: list[str] = []
             limit = TextLimit(self.max_text_chars)
             records = self.load_records(split, skipped, limit)
             if folder is not None and self.preflight_scan and self.on_bad_image == "error":
                 _check_images_found(split, records, *folder)
             for what, length in limit.cut:  # each file's count is logged by its reader
-                self.report.add(split, "truncated", what, f"{length} characters > data.max_text_chars={limit.max_chars}")
-            self._records[split] = screen(split, records, skipped, self.on_bad_image, self.on_bad_annotation,
-                                          self.report, self.describe, scan=self.preflight_scan,
-                                          max_pixels=self.max_image_pixels)
+                self.report.add(
+                    split, "truncated", what, f"{length} characters > data.max_text_chars={limit.max_chars}"
+                )
+            self._records[split] = screen(
+                split,
+                records,
+                skipped,
+                self.on_bad_image,
+                self.on_bad_annotation,
+                self.report,
+                self.describe,
+                scan=self.preflight_scan,
+                max_pixels=self.max_image_pixels,
+            )
         return self._records[split]
 
     # --- Lightning hooks --------------------------------------------------------------------
@@ -272,15 +287,20 @@ class ImageTextDataModule(L.LightningDataModule):
     def _loader(self, split: str, train: bool) -> DataLoader:
         self.setup("fit" if train else "test" if split == "test" else "validate")
         if self.tokenizer is None:
-            raise RuntimeError(f"{type(self).__name__} has no tokenizer: give it one (tokenizer=...), or a function "
-                               "that learns one and call setup('fit') first")
+            raise RuntimeError(
+                f"{type(self).__name__} has no tokenizer: give it one (tokenizer=...), or a function "
+                "that learns one and call setup('fit') first"
+            )
         self._report_long_texts(split)
         trainer = self.trainer  # None outside a Trainer
         sampler = ShardedBatchSampler(
             len(self.datasets[split]),  # type: ignore[arg-type]
             self.batch_size if train else self.eval_batch_size,
-            shuffle=train, drop_last=train, seed=self.seed,
-            rank=trainer.global_rank if trainer else 0, world_size=trainer.world_size if trainer else 1,
+            shuffle=train,
+            drop_last=train,
+            seed=self.seed,
+            rank=trainer.global_rank if trainer else 0,
+            world_size=trainer.world_size if trainer else 1,
             groups=self.example_groups(split) if train else None,
         )
         if train and len(sampler) == 0:
@@ -376,8 +396,12 @@ class ImageTextDataModule(L.LightningDataModule):
             self.report.add(split, "truncated", what, f"{length} tokens > data.max_length={self.max_length}")
         if long:
             log.warning(
-                "%s split: %d of %d texts are longer than data.max_length=%d tokens and are cut "
-                "(the longest has %d)", split, len(long), len(items), self.max_length, max(n for _, n in long),
+                "%s split: %d of %d texts are longer than data.max_length=%d tokens and are cut (the longest has %d)",
+                split,
+                len(long),
+                len(items),
+                self.max_length,
+                max(n for _, n in long),
             )
 
 

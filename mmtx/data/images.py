@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, TypeVar, Union
+from typing import BinaryIO, TypeVar
 
 import numpy as np
 import torch
@@ -99,7 +99,7 @@ class FileSlice:
         return f"{self.file}:{self.name}"
 
 
-ImageSource = Union[str, os.PathLike, FileSlice]
+ImageSource = str | os.PathLike | FileSlice
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -226,9 +226,10 @@ def scan_images(
 def map_images(fn: Callable[[T], R], items: list[T], max_threads: int, desc: str) -> Iterator[R]:
     """``fn(item)`` for each of ``items``, in order, computed on up to ``max_threads`` threads
     (at most one per CPU), with a progress bar on the terminal (none when output is redirected)."""
-    with ThreadPoolExecutor(min(max_threads, os.cpu_count() or 1)) as pool, tqdm(
-        total=len(items), desc=desc, unit="img", file=sys.stderr, disable=None, leave=False
-    ) as bar:
+    with (
+        ThreadPoolExecutor(min(max_threads, os.cpu_count() or 1)) as pool,
+        tqdm(total=len(items), desc=desc, unit="img", file=sys.stderr, disable=None, leave=False) as bar,
+    ):
         for result in pool.map(fn, items):
             yield result
             bar.update()
@@ -259,8 +260,10 @@ def max_file_bytes(max_pixels: int) -> int:
 
 
 def _too_many_bytes(size: int, max_pixels: int) -> str:
-    return (f"{size:,} bytes, more than an image of up to {max_pixels:,} pixels (data.max_image_pixels) "
-            f"takes ({max_file_bytes(max_pixels):,})")
+    return (
+        f"{size:,} bytes, more than an image of up to {max_pixels:,} pixels (data.max_image_pixels) "
+        f"takes ({max_file_bytes(max_pixels):,})"
+    )
 
 
 def _header(path: ImageSource, file: Path | BinaryIO, max_pixels: int) -> Image.Image:
@@ -283,7 +286,8 @@ def _header(path: ImageSource, file: Path | BinaryIO, max_pixels: int) -> Image.
     if width * height > max_pixels:
         img.close()
         raise ImageLoadError(
-            path, f"{width}x{height} = {width * height:,} pixels, over the limit of {max_pixels:,} (data.max_image_pixels)"
+            path,
+            f"{width}x{height} = {width * height:,} pixels, over the limit of {max_pixels:,} (data.max_image_pixels)",
         )
     return img
 

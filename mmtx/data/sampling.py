@@ -38,8 +38,16 @@ class ShardedBatchSampler(Sampler[list[tuple[int, int]]]):
     """
 
     def __init__(
-        self, size: int, batch_size: int, *, shuffle: bool, drop_last: bool, seed: int = 0,
-        rank: int = 0, world_size: int = 1, groups: Sequence[int] | None = None,
+        self,
+        size: int,
+        batch_size: int,
+        *,
+        shuffle: bool,
+        drop_last: bool,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        groups: Sequence[int] | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")

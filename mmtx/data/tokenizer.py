@@ -136,9 +136,7 @@ class Tokenizer:
                 )
             backend = tokenizers.Tokenizer(models.BPE())
             backend.normalizer = (
-                normalizers.Sequence([normalizers.NFC(), normalizers.Lowercase()])
-                if lowercase
-                else normalizers.NFC()
+                normalizers.Sequence([normalizers.NFC(), normalizers.Lowercase()]) if lowercase else normalizers.NFC()
             )
             backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
             backend.decoder = decoders.ByteLevel()
@@ -334,9 +332,7 @@ class Tokenizer:
         with _naming_invalid_unicode([text]):
             return self._backend.encode(text, add_special_tokens=add_special).ids
 
-    def encode_batch(
-        self, texts: Sequence[str], max_length: int
-    ) -> tuple[torch.LongTensor, torch.BoolTensor]:
+    def encode_batch(self, texts: Sequence[str], max_length: int) -> tuple[torch.LongTensor, torch.BoolTensor]:
         """Padded ``[BOS] ... [EOS]`` ids (B, T) and a mask that is True on real tokens.
 
         T is the longest sequence in the batch, capped at ``max_length``; a
@@ -375,9 +371,7 @@ class Tokenizer:
         ids = self._until_eos(ids, skip_special)
         return self._backend.decode(ids, skip_special_tokens=skip_special)
 
-    def decode_batch(
-        self, ids: Sequence[IdsLike] | torch.Tensor, skip_special: bool = True
-    ) -> list[str]:
+    def decode_batch(self, ids: Sequence[IdsLike] | torch.Tensor, skip_special: bool = True) -> list[str]:
         """:meth:`decode` for each row of a (B, T) tensor or a list of id sequences."""
         if isinstance(ids, torch.Tensor) and ids.dim() != 2:
             raise ValueError(f"decode_batch expects a 2-D tensor, got shape {tuple(ids.shape)}")
@@ -428,8 +422,10 @@ def _naming_invalid_unicode(texts: Sequence[str]) -> Iterator[None]:
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError as bad:
-                raise TokenizerError(f"text {k} is not valid Unicode: lone surrogate "
-                                     f"U+{ord(text[bad.start]):04X} at character {bad.start}") from err
+                raise TokenizerError(
+                    f"text {k} is not valid Unicode: lone surrogate "
+                    f"U+{ord(text[bad.start]):04X} at character {bad.start}"
+                ) from err
         raise
 
 

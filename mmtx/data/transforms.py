@@ -97,5 +97,7 @@ def random_shift(images: torch.Tensor, max_px: int, seeds: list[int] | None = No
     if seeds is None:
         offsets = torch.randint(0, 2 * max_px + 1, (B, 2)).tolist()
     else:
-        offsets = [torch.randint(0, 2 * max_px + 1, (2,), generator=torch.Generator().manual_seed(s)).tolist() for s in seeds]
+        offsets = [
+            torch.randint(0, 2 * max_px + 1, (2,), generator=torch.Generator().manual_seed(s)).tolist() for s in seeds
+        ]
     return torch.stack([padded[i, :, y : y + H, x : x + W] for i, (y, x) in enumerate(offsets)])

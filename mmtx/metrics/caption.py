@@ -170,10 +170,7 @@ def _ptb_tokenize(captions: Sequence[str], verbose: bool = False) -> list[str]:
             f"PTB tokenizer ({_PTB_JAR}) failed with exit code {result.returncode}, "
             f"{len(output)} lines for {len(lines)} captions: {messages[-2000:]}"
         )
-    return [
-        " ".join(w for w in line.rstrip().split(" ") if w not in _PTB_PUNCTUATION)
-        for line in output[: len(lines)]
-    ]
+    return [" ".join(w for w in line.rstrip().split(" ") if w not in _PTB_PUNCTUATION) for line in output[: len(lines)]]
 
 
 class _Meteor(Meteor):

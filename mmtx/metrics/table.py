@@ -6,7 +6,8 @@ from collections.abc import Mapping
 
 
 def format_metrics_table(
-    metrics: Mapping[str, float], baseline: Mapping[str, float] | None = None,
+    metrics: Mapping[str, float],
+    baseline: Mapping[str, float] | None = None,
     baseline_name: str = "constant baseline",
 ) -> str:
     """An aligned plain-text table: metric, model score and (optionally) a baseline's score."""

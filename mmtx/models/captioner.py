@@ -33,5 +33,9 @@ class ImageCaptioner(nn.Module):
     def loss(self, images: Tensor, input_ids: Tensor, pad_id: int, label_smoothing: float = 0.0) -> Tensor:
         """Next-token cross-entropy over the caption ``[BOS] w1 .. wn [EOS] [PAD]..``; pads ignored."""
         logits = self(images, input_ids[:, :-1])
-        return F.cross_entropy(logits.flatten(0, 1).float(), input_ids[:, 1:].flatten(), ignore_index=pad_id,
-                               label_smoothing=label_smoothing)
+        return F.cross_entropy(
+            logits.flatten(0, 1).float(),
+            input_ids[:, 1:].flatten(),
+            ignore_index=pad_id,
+            label_smoothing=label_smoothing,
+        )

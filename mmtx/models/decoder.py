@@ -50,14 +50,29 @@ class CaptionDecoder(nn.Module):
     ) -> None:
         super().__init__()
         self.body = TextTransformer(
-            vocab_size, dim, depth, num_heads, mlp_ratio, max_length, pos_embed, causal=True,
-            context_dim=context_dim, qkv_bias=qkv_bias, dropout=dropout, attn_dropout=attn_dropout,
-            norm_eps=norm_eps, pad_id=pad_id, norm_first=norm_first, activation=activation,
-            type_vocab_size=type_vocab_size, embed_norm=embed_norm,
+            vocab_size,
+            dim,
+            depth,
+            num_heads,
+            mlp_ratio,
+            max_length,
+            pos_embed,
+            causal=True,
+            context_dim=context_dim,
+            qkv_bias=qkv_bias,
+            dropout=dropout,
+            attn_dropout=attn_dropout,
+            norm_eps=norm_eps,
+            pad_id=pad_id,
+            norm_first=norm_first,
+            activation=activation,
+            type_vocab_size=type_vocab_size,
+            embed_norm=embed_norm,
         )
         self.head_transform = (
             nn.Sequential(nn.Linear(dim, dim), activation_layer(activation), nn.LayerNorm(dim, eps=norm_eps))
-            if head_transform else None
+            if head_transform
+            else None
         )
         self.lm_head = nn.Linear(dim, vocab_size, bias=head_bias)
         for head in (self.head_transform, self.lm_head):

@@ -11,8 +11,13 @@ IGNORE = -100  # label of positions that are not predicted
 
 
 def mask_tokens(
-    input_ids: Tensor, maskable: Tensor, mask_id: int, vocab_size: int, prob: float = 0.15,
-    draws: GlobalBatch | None = None, special_ids: list[int] | None = None,
+    input_ids: Tensor,
+    maskable: Tensor,
+    mask_id: int,
+    vocab_size: int,
+    prob: float = 0.15,
+    draws: GlobalBatch | None = None,
+    special_ids: list[int] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """BERT's masking: pick ``prob`` of the maskable tokens; of those 80% become [MASK], 10% a
     random token, 10% stay. Returns (masked inputs, labels with IGNORE where not picked).
@@ -37,8 +42,12 @@ def mask_tokens(
 
 
 def mask_patches(
-    batch: int, num_patches: int, prob: float = 0.15, replace_prob: float = 0.9,
-    draws: GlobalBatch | None = None, device: torch.device | None = None,
+    batch: int,
+    num_patches: int,
+    prob: float = 0.15,
+    replace_prob: float = 0.9,
+    draws: GlobalBatch | None = None,
+    device: torch.device | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Pick ``prob`` of the patches (at least one per image) to predict; of those, ``replace_prob``
     get the mask embedding and the rest stay visible, as ViLBERT zeroes 90% of masked regions.

@@ -12,8 +12,8 @@ a scene apart where a masked word can often be guessed from the caption's other 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +26,6 @@ from mmtx.models.patch_targets import NormalizedPixels
 from mmtx.models.text import mean_of_tokens
 from mmtx.models.two_stream import TwoStreamModel, Unimodal
 from mmtx.nn.init import init_weights
-
 
 OBJECTIVES = ("mlm", "mpm", "itm", "itc", "caption")  # the loss weights of `Objectives`
 ITC_POOLS = ("cls", "mean")  # what the contrastive embeddings read (`TwoStreamPretrainer`)
@@ -51,10 +50,16 @@ class Objectives:
     def __post_init__(self) -> None:
         weights = OBJECTIVES
         rates = ("mask_prob", "patch_mask_prob", "patch_replace_prob", "negative_prob", "hard_negatives_from")
-        problems = [f"objectives.{k}={getattr(self, k)!r} must be a number >= 0 (0: off)"
-                    for k in weights if not getattr(self, k) >= 0]
-        problems += [f"objectives.{k}={getattr(self, k)!r} must be a number in [0, 1]"
-                     for k in rates if not 0 <= getattr(self, k) <= 1]
+        problems = [
+            f"objectives.{k}={getattr(self, k)!r} must be a number >= 0 (0: off)"
+            for k in weights
+            if not getattr(self, k) >= 0
+        ]
+        problems += [
+            f"objectives.{k}={getattr(self, k)!r} must be a number in [0, 1]"
+            for k in rates
+            if not 0 <= getattr(self, k) <= 1
+        ]
         if not problems and not any(getattr(self, k) > 0 for k in weights):
             problems.append("objectives: every loss weight (mlm, mpm, itm, itc, caption) is 0; set one > 0")
         if problems:
@@ -99,9 +104,14 @@ class TwoStreamPretrainer(nn.Module):
     """
 
     def __init__(
-        self, backbone: TwoStreamModel, patch_target: Callable[[Tensor], Tensor] | None = None,
-        itc_dim: int = 128, mask_id: int | None = None, special_ids: list[int] | None = None,
-        heads: Sequence[str] | None = None, caption_decoder: Callable[..., CaptionDecoder] | None = None,
+        self,
+        backbone: TwoStreamModel,
+        patch_target: Callable[[Tensor], Tensor] | None = None,
+        itc_dim: int = 128,
+        mask_id: int | None = None,
+        special_ids: list[int] | None = None,
+        heads: Sequence[str] | None = None,
+        caption_decoder: Callable[..., CaptionDecoder] | None = None,
         itc_pool: str = "cls",
     ) -> None:
         super().__init__()
@@ -131,7 +141,13 @@ class TwoStreamPretrainer(nn.Module):
             self.caption_decoder = caption_decoder(
                 vocab_size=t.token_embed.num_embeddings, pad_id=t.token_embed.padding_idx, context_dim=v.dim
             )
-        for head in (self.mlm_head and self.mlm_head.transform, self.mpm_head, self.itm_head, self.itc_vision, self.itc_text):
+        for head in (
+            self.mlm_head and self.mlm_head.transform,
+            self.mpm_head,
+            self.itm_head,
+            self.itc_vision,
+            self.itc_text,
+        ):
             if head is not None:
                 head.apply(init_weights)
 
@@ -202,8 +218,13 @@ class TwoStreamPretrainer(nn.Module):
 
     # --- the pretraining losses ----------------------------------------------------------------
     def forward(
-        self, images: Tensor, input_ids: Tensor, text_mask: Tensor, image_ids: Tensor,
-        objectives: Objectives, batch: GlobalBatch | None = None,
+        self,
+        images: Tensor,
+        input_ids: Tensor,
+        text_mask: Tensor,
+        image_ids: Tensor,
+        objectives: Objectives,
+        batch: GlobalBatch | None = None,
     ) -> dict[str, Tensor]:
         """Losses and accuracies on this process's pairs; ``loss`` is their weighted sum.
 
@@ -222,7 +243,9 @@ class TwoStreamPretrainer(nn.Module):
             input_ids = F.pad(input_ids, pad, value=self.backbone.text.token_embed.padding_idx)
             text_mask = F.pad(text_mask, pad, value=False)
 
-        def global_mean(total: Tensor, count: Tensor) -> Tensor:  # this process's share of a mean over every process's items
+        def global_mean(
+            total: Tensor, count: Tensor
+        ) -> Tensor:  # this process's share of a mean over every process's items
             return total * n / batch.total(count).clamp_min(1)
 
         special = torch.tensor(self.special_ids, device=device)
@@ -232,20 +255,29 @@ class TwoStreamPretrainer(nn.Module):
                 raise ValueError("TwoStreamPretrainer.mask_id is not set (the tokenizer's [MASK] id)")
             maskable = text_mask & ~torch.isin(input_ids, special)
             input_ids, labels = mask_tokens(
-                input_ids, maskable, self.mask_id, self.backbone.text.token_embed.num_embeddings,
-                obj.mask_prob, batch, self.special_ids,
+                input_ids,
+                maskable,
+                self.mask_id,
+                self.backbone.text.token_embed.num_embeddings,
+                obj.mask_prob,
+                batch,
+                self.special_ids,
             )
         picked = replaced = None
         if obj.mpm > 0:
             grid = self.backbone.vision.patch_embed.grid(*images.shape[-2:])
-            picked, replaced = mask_patches(b, grid[0] * grid[1], obj.patch_mask_prob, obj.patch_replace_prob, batch, device)
+            picked, replaced = mask_patches(
+                b, grid[0] * grid[1], obj.patch_mask_prob, obj.patch_replace_prob, batch, device
+            )
         u = self.backbone.unimodal(images, input_ids, text_mask, replaced)
 
         out: dict[str, Tensor] = {}
         if obj.caption > 0:  # [BOS] w1 .. wn -> w1 .. wn [EOS], from the vision stream alone
             logits = self.caption_decoder(unmasked_ids[:, :-1], u.vision)
             targets = unmasked_ids[:, 1:].masked_fill(~text_mask[:, 1:], IGNORE)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="sum")
+            loss = F.cross_entropy(
+                logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="sum"
+            )
             out["caption_loss"] = global_mean(loss, (targets != IGNORE).sum())
         all_ids = batch.gather(image_ids)  # (B,)
         if obj.itc > 0:  # this process's images against every text, its texts against every image
@@ -303,7 +335,10 @@ def contrastive_loss(sim: Tensor, positives: Tensor) -> Tensor:
 
 
 def pick_negatives(
-    same_image: Tensor, negative_prob: float, similarity: Tensor | None = None, draws: GlobalBatch | None = None,
+    same_image: Tensor,
+    negative_prob: float,
+    similarity: Tensor | None = None,
+    draws: GlobalBatch | None = None,
 ) -> Tensor:
     """For each image row of this process, the text row (of the global batch) it is paired with:
     its own, or (with ``negative_prob``) a text of another image — drawn in proportion to

@@ -73,8 +73,15 @@ class TextTransformer(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
             TransformerBlock(
-                dim, num_heads, mlp_ratio, context_dim=context_dim, qkv_bias=qkv_bias,
-                dropout=dropout, attn_dropout=attn_dropout, norm_eps=norm_eps, norm_first=norm_first,
+                dim,
+                num_heads,
+                mlp_ratio,
+                context_dim=context_dim,
+                qkv_bias=qkv_bias,
+                dropout=dropout,
+                attn_dropout=attn_dropout,
+                norm_eps=norm_eps,
+                norm_first=norm_first,
                 activation=activation,
             )
             for _ in range(depth)
@@ -142,7 +149,12 @@ class TextTransformer(nn.Module):
             mask = None
         for i, block in enumerate(self.blocks):
             x = block(
-                x, context, mask=mask, context_mask=context_mask, causal=self.causal, rope=rope,
+                x,
+                context,
+                mask=mask,
+                context_mask=context_mask,
+                causal=self.causal,
+                rope=rope,
                 cache=cache[i] if cache is not None else None,
             )
         return self.norm(x)

@@ -33,7 +33,9 @@ class Unimodal:
     def select_text(self, index: Tensor) -> Unimodal:
         """Pair each image with the text of row ``index[i]`` (texts do not depend on images yet)."""
         if self.image_index is not None:
-            raise ValueError("select_text pairs texts with images row by row: give each text its image (no image_index)")
+            raise ValueError(
+                "select_text pairs texts with images row by row: give each text its image (no image_index)"
+            )
         return Unimodal(self.vision, self.text[index], self.text_mask[index], self.vision_rope, self.text_rope)
 
 
@@ -74,9 +76,16 @@ class TwoStreamModel(nn.Module):
     """
 
     def __init__(
-        self, vision: VisionEncoder, text: TextEncoder, co_layers: int = 2, joint_dim: int = 256,
-        mlp_ratio: float = 4.0, dropout: float = 0.0, vision_reads_text: bool = True,
-        pooler: bool = True, patch_masking: bool = True,
+        self,
+        vision: VisionEncoder,
+        text: TextEncoder,
+        co_layers: int = 2,
+        joint_dim: int = 256,
+        mlp_ratio: float = 4.0,
+        dropout: float = 0.0,
+        vision_reads_text: bool = True,
+        pooler: bool = True,
+        patch_masking: bool = True,
     ) -> None:
         super().__init__()
         if co_layers < 0:
@@ -85,8 +94,14 @@ class TwoStreamModel(nn.Module):
         self.pooler, self.patch_masking, self._joint_dim = pooler, patch_masking, joint_dim
         self.co_layers = nn.ModuleList(
             CoAttentionLayer(
-                vision.dim, text.dim, vision.num_heads, text.num_heads, mlp_ratio, dropout=dropout,
-                vision_norm_first=vision.norm_first, text_norm_first=text.norm_first,
+                vision.dim,
+                text.dim,
+                vision.num_heads,
+                text.num_heads,
+                mlp_ratio,
+                dropout=dropout,
+                vision_norm_first=vision.norm_first,
+                text_norm_first=text.norm_first,
                 vision_reads_text=vision_reads_text,
             )
             for _ in range(co_layers)
@@ -126,7 +141,11 @@ class TwoStreamModel(nn.Module):
         return t, rope
 
     def unimodal(
-        self, images: Tensor, input_ids: Tensor, text_mask: Tensor, masked_patches: Tensor | None = None,
+        self,
+        images: Tensor,
+        input_ids: Tensor,
+        text_mask: Tensor,
+        masked_patches: Tensor | None = None,
         image_index: Tensor | None = None,
     ) -> Unimodal:
         """Run each stream's own blocks. ``image_index`` (B,), if given, says which row of

@@ -77,15 +77,20 @@ class VisionEncoder(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         num_patches = self.grid_size[0] * self.grid_size[1]
         # learned: one vector per patch of the training grid plus one for CLS (timm layout)
-        self.pos_embed = (
-            nn.Parameter(torch.randn(1, 1 + num_patches, dim) * 0.02) if pos_embed == "learned" else None
-        )
+        self.pos_embed = nn.Parameter(torch.randn(1, 1 + num_patches, dim) * 0.02) if pos_embed == "learned" else None
         self.rotary = Rotary(head_dim, ndim=2) if pos_embed == "rope" else None
         self.pos_drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
             TransformerBlock(
-                dim, num_heads, mlp_ratio, qkv_bias=qkv_bias, dropout=dropout,
-                attn_dropout=attn_dropout, norm_eps=norm_eps, norm_first=norm_first, activation=activation,
+                dim,
+                num_heads,
+                mlp_ratio,
+                qkv_bias=qkv_bias,
+                dropout=dropout,
+                attn_dropout=attn_dropout,
+                norm_eps=norm_eps,
+                norm_first=norm_first,
+                activation=activation,
             )
             for _ in range(depth)
         )

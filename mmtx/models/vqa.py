@@ -11,7 +11,6 @@ from mmtx.models.text import mean_of_tokens
 from mmtx.models.two_stream import TwoStreamModel
 from mmtx.nn.init import init_weights
 
-
 POOLINGS = ("product", "concat", "tokens", "max")
 POOLED = ("product", "concat")  # the poolings that read the backbone's pooler (`Joint.pooled`)
 LOSSES = ("bce", "softmax")
@@ -38,8 +37,13 @@ class VqaClassifier(nn.Module):
     """
 
     def __init__(
-        self, backbone: TwoStreamModel, num_answers: int, hidden_mult: float = 2.0, dropout: float = 0.1,
-        pooling: str = "product", loss: str = "bce",
+        self,
+        backbone: TwoStreamModel,
+        num_answers: int,
+        hidden_mult: float = 2.0,
+        dropout: float = 0.1,
+        pooling: str = "product",
+        loss: str = "bce",
     ) -> None:
         super().__init__()
         if pooling not in POOLINGS:
@@ -47,13 +51,20 @@ class VqaClassifier(nn.Module):
         if loss not in LOSSES:
             raise ValueError(f"loss={loss!r} must be one of {', '.join(LOSSES)}")
         if pooling in POOLED and not backbone.pooler:
-            raise ValueError(f"pooling={pooling!r} reads the backbone's pooled output: build it with backbone.pooler=true")
+            raise ValueError(
+                f"pooling={pooling!r} reads the backbone's pooled output: build it with backbone.pooler=true"
+            )
         self.backbone, self.pooling, self.loss_kind = backbone, pooling, loss
         tokens = backbone.vision.dim + backbone.text.dim
-        width = {"product": backbone.joint_dim, "concat": 2 * backbone.joint_dim, "tokens": tokens, "max": tokens}[pooling]
+        width = {"product": backbone.joint_dim, "concat": 2 * backbone.joint_dim, "tokens": tokens, "max": tokens}[
+            pooling
+        ]
         hidden = int(backbone.joint_dim * hidden_mult)
         self.head = nn.Sequential(
-            nn.Linear(width, hidden), nn.GELU(), nn.LayerNorm(hidden), nn.Dropout(dropout),
+            nn.Linear(width, hidden),
+            nn.GELU(),
+            nn.LayerNorm(hidden),
+            nn.Dropout(dropout),
             nn.Linear(hidden, num_answers),
         )
         self.head.apply(init_weights)
@@ -62,7 +73,9 @@ class VqaClassifier(nn.Module):
     def num_answers(self) -> int:
         return self.head[-1].out_features
 
-    def forward(self, images: Tensor, input_ids: Tensor, text_mask: Tensor, image_index: Tensor | None = None) -> Tensor:
+    def forward(
+        self, images: Tensor, input_ids: Tensor, text_mask: Tensor, image_index: Tensor | None = None
+    ) -> Tensor:
         """Answer logits (B, num_answers); ``image_index`` (B,): the row of ``images`` (U, 3, H, W)
         holding each question's image, each row encoded once (default: row i)."""
         joint = self.backbone(images, input_ids, text_mask, image_index)
@@ -81,7 +94,9 @@ class VqaClassifier(nn.Module):
         if self.loss_kind == "bce":
             return F.binary_cross_entropy_with_logits(logits, targets, reduction="sum") / len(targets)
         # a question none of whose answers is in the vocabulary has no target: it adds nothing
-        return F.cross_entropy(logits, targets / targets.sum(1, keepdim=True).clamp_min(1e-6), reduction="sum") / len(targets)
+        return F.cross_entropy(logits, targets / targets.sum(1, keepdim=True).clamp_min(1e-6), reduction="sum") / len(
+            targets
+        )
 
     def probabilities(self, logits: Tensor) -> Tensor:
         """Each answer's probability (B, A) under the loss trained: sigmoid or softmax."""
@@ -118,7 +133,12 @@ class VqaGenerator(nn.Module):
         return context, torch.cat([vision_mask, text_mask], dim=1)
 
     def loss(
-        self, images: Tensor, input_ids: Tensor, text_mask: Tensor, answer_ids: Tensor, pad_id: int,
+        self,
+        images: Tensor,
+        input_ids: Tensor,
+        text_mask: Tensor,
+        answer_ids: Tensor,
+        pad_id: int,
         image_index: Tensor | None = None,
     ) -> Tensor:
         """Teacher-forced cross-entropy of the answer ``[BOS] a1 .. an [EOS]`` (pads ignored)."""

@@ -6,6 +6,16 @@ from mmtx.nn.embeddings import PatchEmbed, resample_positions, sinusoidal_1d, si
 from mmtx.nn.rotary import Rotary, apply_rotary
 
 __all__ = [
-    "Attention", "BlockCache", "CoAttentionLayer", "KVCache", "Mlp", "PatchEmbed", "Rotary",
-    "TransformerBlock", "apply_rotary", "resample_positions", "sinusoidal_1d", "sinusoidal_2d",
+    "Attention",
+    "BlockCache",
+    "CoAttentionLayer",
+    "KVCache",
+    "Mlp",
+    "PatchEmbed",
+    "Rotary",
+    "TransformerBlock",
+    "apply_rotary",
+    "resample_positions",
+    "sinusoidal_1d",
+    "sinusoidal_2d",
 ]

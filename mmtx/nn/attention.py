@@ -92,7 +92,11 @@ class KVCache:
 
 
 def sdpa(
-    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
     is_causal: bool = False,
 ) -> Tensor:
     """``F.scaled_dot_product_attention``; on the CPU, bf16/fp16 attention that will be
@@ -244,15 +248,17 @@ class Attention(nn.Module):
             is_causal = causal and key_padding_mask is None and S == T and T > 1
             mask = None if is_causal else build_attn_mask(key_padding_mask, causal, T, S, x.device)
         y = sdpa(
-            q, k, v, attn_mask=mask, is_causal=is_causal,
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=is_causal,
             dropout_p=self.attn_dropout if self.training else 0.0,
         )  # (B, H, T, Dh)
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.proj_dropout(self.proj(y))
 
-    def _grouped_cross(
-        self, x: Tensor, k: Tensor, v: Tensor, groups: int, key_padding_mask: Tensor | None
-    ) -> Tensor:
+    def _grouped_cross(self, x: Tensor, k: Tensor, v: Tensor, groups: int, key_padding_mask: Tensor | None) -> Tensor:
         """Cross-attention of ``x`` (B*g, T, dim) to keys/values of B contexts, where every g
         consecutive rows of ``x`` read the same context (the beams of one image).
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from torch import Tensor, nn
 
@@ -112,14 +112,18 @@ class TransformerBlock(nn.Module):
         ``context_index``: see `Attention.forward`."""
         if self.attn is not None:
             self_kv = cache.self_kv if cache is not None else None
-            x = self._residual(x, self.norm1, lambda h: self.attn(
-                h, key_padding_mask=mask, causal=causal, rope=rope, cache=self_kv
-            ))
+            x = self._residual(
+                x, self.norm1, lambda h: self.attn(h, key_padding_mask=mask, causal=causal, rope=rope, cache=self_kv)
+            )
         if self.cross_attn is not None:
             cross_kv = cache.cross_kv if cache is not None else None
-            x = self._residual(x, self.norm_cross, lambda h: self.cross_attn(
-                h, context, key_padding_mask=context_mask, cache=cross_kv, context_index=context_index
-            ))
+            x = self._residual(
+                x,
+                self.norm_cross,
+                lambda h: self.cross_attn(
+                    h, context, key_padding_mask=context_mask, cache=cross_kv, context_index=context_index
+                ),
+            )
         return self._residual(x, self.norm2, self.mlp)
 
 
@@ -175,7 +179,9 @@ class CoAttentionLayer(nn.Module):
         Without ``vision_reads_text``, ``vision`` may hold fewer rows (U, N, Dv), text ``i`` reading
         row ``image_index[i]`` (B,): each image's keys and values projected once."""
         if image_index is not None and self.vision_cross is not None:
-            raise ValueError("image_index: the image tokens read the text (vision_reads_text), so each text needs its own")
+            raise ValueError(
+                "image_index: the image tokens read the text (vision_reads_text), so each text needs its own"
+            )
         t = self.text_self(self.text_cross(text, vision, context_index=image_index), mask=text_mask, rope=text_rope)
         if self.vision_cross is None:
             return vision, t

@@ -22,9 +22,7 @@ def check_position_kind(kind: str, key: str = "pos_embed") -> str:
 class PatchEmbed(nn.Module):
     """Image (B, C, H, W) -> patch tokens (B, N, dim) by a strided convolution."""
 
-    def __init__(
-        self, patch_size: int, in_chans: int, dim: int, stem: str = "patch", stem_norm: str = "batch"
-    ) -> None:
+    def __init__(self, patch_size: int, in_chans: int, dim: int, stem: str = "patch", stem_norm: str = "batch") -> None:
         super().__init__()
         if stem not in STEMS:
             raise ValueError(f"stem={stem!r} must be one of {', '.join(STEMS)}")

@@ -17,7 +17,9 @@ class Rotary(nn.Module):
     def __init__(self, head_dim: int, ndim: int = 1, base: float = 10000.0) -> None:
         super().__init__()
         if head_dim % (2 * ndim) != 0:
-            raise ValueError(f"pos_embed=rope needs a head width (dim / num_heads = {head_dim}) divisible by {2 * ndim}")
+            raise ValueError(
+                f"pos_embed=rope needs a head width (dim / num_heads = {head_dim}) divisible by {2 * ndim}"
+            )
         self.ndim = ndim
         axis_dim = head_dim // ndim
         inv_freq = 1.0 / base ** (torch.arange(0, axis_dim, 2, dtype=torch.float32) / axis_dim)

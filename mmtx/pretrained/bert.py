@@ -75,14 +75,23 @@ def load_text_encoder(
     t = Tensors(ckpt, prefix)
     found, converted = bert_body(t, _bert_config(ckpt, "encoder"), cross=False)
     t.check_all_taken(BODY_IGNORED)
-    kwargs = with_choices(found, t.source, vocab_size=vocab_size, pad_id=pad_id, max_length=max_length,
-                          num_heads=num_heads, dropout=dropout, attn_dropout=attn_dropout)
+    kwargs = with_choices(
+        found,
+        t.source,
+        vocab_size=vocab_size,
+        pad_id=pad_id,
+        max_length=max_length,
+        num_heads=num_heads,
+        dropout=dropout,
+        attn_dropout=attn_dropout,
+    )
     encoder = TextEncoder(**kwargs)
     fit_tables(converted, encoder, kwargs, t.source)
     load_converted(encoder, converted, t.source)
     encoder.build_config = {"_target_": "mmtx.models.text.TextEncoder", **kwargs}
-    log.info("%s: BERT encoder, width %d, %d layers, %d heads", t.source, kwargs["dim"], kwargs["depth"],
-             kwargs["num_heads"])
+    log.info(
+        "%s: BERT encoder, width %d, %d layers, %d heads", t.source, kwargs["dim"], kwargs["depth"], kwargs["num_heads"]
+    )
     return encoder
 
 
@@ -114,7 +123,7 @@ def bert_decoder_parts(ckpt: Pretrained, prefix: str) -> DecoderParts:
             bias, name = head.take("decoder.bias")
             if not torch.equal(bias, converted["lm_head.bias"][0]):
                 raise PretrainedError(f"{src}: '{name}' differs from '{converted['lm_head.bias'][1]}'")
-    body_at = prefix[len(parent):]  # "bert." below the model's own prefix
+    body_at = prefix[len(parent) :]  # "bert." below the model's own prefix
     t.check_all_taken([*(body_at + pattern for pattern in BODY_IGNORED), "cls.seq_relationship.*"], within=parent)
 
     fresh = [] if has_head else ["head_transform.", "lm_head.bias"]
@@ -166,6 +175,8 @@ def _bert_config(ckpt: Pretrained, part: str) -> dict[str, Any]:
     if config.get("model_type", "bert") != "bert":
         raise PretrainedError(f"{ckpt.source}: config.json has model_type={config['model_type']!r}, not BERT")
     if setting(config, "position_embedding_type", "absolute") != "absolute":
-        raise PretrainedError(f"{ckpt.source}: position_embedding_type={config['position_embedding_type']!r} "
-                              "is not supported (absolute only)")
+        raise PretrainedError(
+            f"{ckpt.source}: position_embedding_type={config['position_embedding_type']!r} "
+            "is not supported (absolute only)"
+        )
     return config

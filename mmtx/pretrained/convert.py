@@ -156,8 +156,13 @@ def load_converted(module: nn.Module, converted: Converted, source: str, fresh: 
         raise PretrainedError(f"{source}: nothing in the checkpoint for {missing[:5]} of {type(module).__name__}")
     module.load_state_dict({name: tensor for name, (tensor, _) in converted.items()}, strict=False)
     if left:
-        log.info("%s: %d tensors of %s are new (as initialised): %s", source, len(left), type(module).__name__,
-                 ", ".join(left[:6]) + (" ..." if len(left) > 6 else ""))
+        log.info(
+            "%s: %d tensors of %s are new (as initialised): %s",
+            source,
+            len(left),
+            type(module).__name__,
+            ", ".join(left[:6]) + (" ..." if len(left) > 6 else ""),
+        )
     return left
 
 
@@ -184,8 +189,14 @@ def check_given(name: str, given: Any, found: Any, source: str) -> None:
 
 
 def with_choices(
-    found: dict[str, Any], source: str, *, vocab_size: int | None = None, pad_id: int | None = None,
-    max_length: int | None = None, num_heads: int | None = None, dropout: float | None = None,
+    found: dict[str, Any],
+    source: str,
+    *,
+    vocab_size: int | None = None,
+    pad_id: int | None = None,
+    max_length: int | None = None,
+    num_heads: int | None = None,
+    dropout: float | None = None,
     attn_dropout: float | None = None,
 ) -> dict[str, Any]:
     """A text tower's constructor arguments: those ``found`` in a checkpoint (``num_heads``: its
@@ -240,7 +251,7 @@ def extend_rows(table: tuple[Tensor, str], rows: int, own: Tensor, source: str, 
             "(use the checkpoint's tokenizer)"
         )
     # on the device of ``own``: the meta device when a config is only checked (mmtx.config_check)
-    return torch.cat([tensor.to(own.device), own[tensor.shape[0]:].to(tensor.dtype)]), name
+    return torch.cat([tensor.to(own.device), own[tensor.shape[0] :].to(tensor.dtype)]), name
 
 
 def context_width(kv: tuple[Tensor, str] | None, context_dim: int | None, default: int, source: str) -> int:
@@ -276,7 +287,9 @@ def fold_context_projection(t: Tensors, parent: str, converted: Converted, depth
     for i in range(depth):
         kv = f"body.blocks.{i}.cross_attn.kv"
         if f"{kv}.weight" not in converted:
-            raise PretrainedError(f"{t.source}: '{name}' projects the encoder's tokens, but the decoder has no cross-attention")
+            raise PretrainedError(
+                f"{t.source}: '{name}' projects the encoder's tokens, but the decoder has no cross-attention"
+            )
         (w, w_name), (b, b_name) = converted[f"{kv}.weight"], converted[f"{kv}.bias"]
         converted[f"{kv}.weight"] = ((w.double() @ w_p.double()).to(w.dtype), w_name)  # (2D, D_encoder)
         converted[f"{kv}.bias"] = ((w.double() @ b_p.double() + b.double()).to(b.dtype), b_name)
@@ -287,15 +300,19 @@ def fit_tables(converted: Converted, module: nn.Module, kwargs: dict[str, Any], 
     rows as ``module`` initialised them; keep the positions needed. ``at``: the prefix of the
     embedding tables in ``module`` (``body.`` in a decoder); the output layer is ``lm_head``."""
     own = module.state_dict()
-    for name, what in ((f"{at}token_embed.weight", "the vocabulary"), ("lm_head.weight", "the output projection"),
-                       ("lm_head.bias", "the output bias")):
+    for name, what in (
+        (f"{at}token_embed.weight", "the vocabulary"),
+        ("lm_head.weight", "the output projection"),
+        ("lm_head.bias", "the output bias"),
+    ):
         if name in converted:
             converted[name] = extend_rows(converted[name], kwargs["vocab_size"], own[name], source, what)
     name, rows = f"{at}pos_embed.weight", kwargs["max_length"]
     positions, origin = converted[name]
     if rows > len(positions):
-        raise PretrainedError(f"{source}: the position table has {len(positions)} positions, "
-                              f"max_length={rows} needs more")
+        raise PretrainedError(
+            f"{source}: the position table has {len(positions)} positions, max_length={rows} needs more"
+        )
     converted[name] = positions[:rows], origin
 
 

@@ -49,8 +49,16 @@ def load_decoder(
     layout, prefix = find_prefix(ckpt, ANCHORS, prefix, "decoder (GPT-2 or BERT)")
     found, converted, fresh = READERS[layout](ckpt, prefix)
     src = ckpt.source
-    kwargs = with_choices(found, src, vocab_size=vocab_size, pad_id=pad_id, max_length=max_length,
-                          num_heads=num_heads, dropout=dropout, attn_dropout=attn_dropout)
+    kwargs = with_choices(
+        found,
+        src,
+        vocab_size=vocab_size,
+        pad_id=pad_id,
+        max_length=max_length,
+        num_heads=num_heads,
+        dropout=dropout,
+        attn_dropout=attn_dropout,
+    )
     kv = converted.get("body.blocks.0.cross_attn.kv.weight")  # the checkpoint's cross-attention, if any
     kwargs["context_dim"] = context_width(kv, context_dim, kwargs["dim"], src)
     decoder = CaptionDecoder(**kwargs)
@@ -59,6 +67,13 @@ def load_decoder(
         fresh += [f"body.blocks.{i}.{part}" for i in range(kwargs["depth"]) for part in ("cross_attn.", "norm_cross.")]
     load_converted(decoder, converted, src, fresh)
     decoder.build_config = {"_target_": "mmtx.models.decoder.CaptionDecoder", **kwargs}
-    log.info("%s: %s decoder, width %d, %d blocks, %d heads, cross-attention %s", src, layout, kwargs["dim"],
-             kwargs["depth"], kwargs["num_heads"], "imported" if kv else "new")
+    log.info(
+        "%s: %s decoder, width %d, %d blocks, %d heads, cross-attention %s",
+        src,
+        layout,
+        kwargs["dim"],
+        kwargs["depth"],
+        kwargs["num_heads"],
+        "imported" if kv else "new",
+    )
     return decoder

@@ -14,7 +14,6 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor
 
-
 log = logging.getLogger(__name__)
 
 # what a directory may hold, in the order they are looked for (Hugging Face and timm names)

@@ -60,7 +60,7 @@ def gpt2_decoder_parts(ckpt: Pretrained, prefix: str) -> DecoderParts:
     tied = True
     if head.has("lm_head.weight"):  # absent when tied (save_pretrained and the Hub's gpt2 files)
         tied = output_projection(converted, head.take("lm_head.weight"))
-    t.check_all_taken([prefix[len(parent):] + pattern for pattern in IGNORED], within=parent)
+    t.check_all_taken([prefix[len(parent) :] + pattern for pattern in IGNORED], within=parent)
 
     vocab, dim = converted["body.token_embed.weight"][0].shape
     hidden = converted["body.blocks.0.mlp.fc1.weight"][0].shape[0]

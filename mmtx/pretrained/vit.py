@@ -104,8 +104,13 @@ def load_vit(
     qkv_bias = t.has(block["qkv" if "qkv" in block else "q"].format(i=0) + ".bias")
     for i in range(depth):
         b = {role: name.format(i=i) for role, name in block.items()}
-        for role, ours in (("norm1", "norm1"), ("proj", "attn.proj"), ("norm2", "norm2"), ("fc1", "mlp.fc1"),
-                           ("fc2", "mlp.fc2")):
+        for role, ours in (
+            ("norm1", "norm1"),
+            ("proj", "attn.proj"),
+            ("norm2", "norm2"),
+            ("fc1", "mlp.fc1"),
+            ("fc2", "mlp.fc2"),
+        ):
             for param in ("weight", "bias"):
                 converted[f"blocks.{i}.{ours}.{param}"] = t.take(f"{b[role]}.{param}")
         for param in ("weight", "bias") if qkv_bias else ("weight",):
@@ -137,10 +142,18 @@ def load_vit(
     encoder = VisionEncoder(**kwargs)
     table = pos[0].float()
     cls_pos = table[:, :1] if cls_in_table else table.new_zeros(1, 1, width)
-    patch_pos = resample_positions(table[:, int(cls_in_table):], (grid, grid), encoder.grid_size, antialias)
+    patch_pos = resample_positions(table[:, int(cls_in_table) :], (grid, grid), encoder.grid_size, antialias)
     converted["pos_embed"] = (torch.cat([cls_pos, patch_pos], dim=1).to(pos[0].dtype), pos[1])
     load_converted(encoder, converted, src)
     encoder.build_config = {"_target_": "mmtx.models.vit.VisionEncoder", **kwargs}
-    log.info("%s: %s ViT, width %d, %d blocks, %d heads, patch %d, at %d px",
-             src, layout, width, depth, kwargs["num_heads"], p, kwargs["image_size"])
+    log.info(
+        "%s: %s ViT, width %d, %d blocks, %d heads, patch %d, at %d px",
+        src,
+        layout,
+        width,
+        depth,
+        kwargs["num_heads"],
+        p,
+        kwargs["image_size"],
+    )
     return encoder

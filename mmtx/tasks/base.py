@@ -85,12 +85,19 @@ class Task(L.LightningModule):
         ``min_lr_ratio``."""
         h = self.hparams
         return build_optimizer(
-            self.model, self.trainer, lr=h.lr, weight_decay=h.weight_decay, betas=h.betas,
-            warmup_ratio=h.warmup_ratio, min_lr_ratio=h.min_lr_ratio,
+            self.model,
+            self.trainer,
+            lr=h.lr,
+            weight_decay=h.weight_decay,
+            betas=h.betas,
+            warmup_ratio=h.warmup_ratio,
+            min_lr_ratio=h.min_lr_ratio,
         )
 
     def configure_gradient_clipping(
-        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
         """Lightning's clipping, with the two cases it refuses done here. FSDP: the norm must be
@@ -102,7 +109,12 @@ class Task(L.LightningModule):
         plugin = self.trainer.precision_plugin
         if gradient_clip_val and by_norm and isinstance(self.trainer.strategy, FSDPStrategy):
             self.trainer.model.clip_grad_norm_(gradient_clip_val)
-        elif gradient_clip_val and optimizer.defaults.get("fused") and isinstance(plugin, MixedPrecision) and plugin.scaler is None:
+        elif (
+            gradient_clip_val
+            and optimizer.defaults.get("fused")
+            and isinstance(plugin, MixedPrecision)
+            and plugin.scaler is None
+        ):
             clip = torch.nn.utils.clip_grad_norm_ if by_norm else torch.nn.utils.clip_grad_value_
             clip(self.parameters(), gradient_clip_val)
         else:

@@ -95,7 +95,11 @@ class CaptionTask(Task):
         """The generated token ids (B, L) of :meth:`caption`: no [BOS], padded after [EOS]."""
         tok = self.tokenizer
         return generate(
-            self.model.decoder, self.model.encode(images), bos_id=tok.bos_id, eos_id=tok.eos_id, pad_id=tok.pad_id,
+            self.model.decoder,
+            self.model.encode(images),
+            bos_id=tok.bos_id,
+            eos_id=tok.eos_id,
+            pad_id=tok.pad_id,
             config=config or self.generation,
         )
 
@@ -112,8 +116,9 @@ class CaptionTask(Task):
         for image_id, pred, refs in zip(batch["image_ids"].tolist(), predictions, batch["references"]):
             self.val_outputs.append({"image_id": image_id, "caption": pred, "references": refs})
         for i in range(min(len(predictions), self.hparams.num_samples - len(self.samples))):
-            self.samples.append({"image": _to_uint8(images[i]), "prediction": predictions[i],
-                                 "references": batch["references"][i]})
+            self.samples.append(
+                {"image": _to_uint8(images[i]), "prediction": predictions[i], "references": batch["references"][i]}
+            )
 
     def on_validation_epoch_end(self) -> None:
         outputs = gather_unique(self.val_outputs, key="image_id", strategy=self.trainer.strategy)

@@ -35,7 +35,9 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def warmup_cosine(
-    warmup_ratio: float, total_steps: float, min_lr_ratio: float = 0.0,
+    warmup_ratio: float,
+    total_steps: float,
+    min_lr_ratio: float = 0.0,
     time_progress: Callable[[], float] | None = None,
 ) -> Callable[[int], float]:
     """The LR factor at an optimizer step: linear warm-up to 1, then cosine decay to ``min_lr_ratio``.
@@ -132,8 +134,14 @@ def budget_note(trainer: DictConfig) -> tuple[int, str] | None:
 
 
 def build_optimizer(
-    model: nn.Module, trainer: L.Trainer, *, lr: float, weight_decay: float, betas: tuple[float, float],
-    warmup_ratio: float, min_lr_ratio: float,
+    model: nn.Module,
+    trainer: L.Trainer,
+    *,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float],
+    warmup_ratio: float,
+    min_lr_ratio: float,
 ) -> dict:
     """The ``configure_optimizers`` answer: AdamW + a per-step warm-up/cosine schedule over the
     trainer's budget (steps, epochs and/or time)."""
@@ -143,6 +151,8 @@ def build_optimizer(
     scaled = getattr(trainer.precision_plugin, "scaler", None) is not None
     use_fused = next(model.parameters()).device.type in ("cuda", "cpu") and not scaled
     optimizer = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), fused=use_fused)
-    factor = warmup_cosine(warmup_ratio, float(trainer.estimated_stepping_batches), min_lr_ratio, time_progress(trainer))
+    factor = warmup_cosine(
+        warmup_ratio, float(trainer.estimated_stepping_batches), min_lr_ratio, time_progress(trainer)
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

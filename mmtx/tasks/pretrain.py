@@ -38,9 +38,18 @@ class PretrainTask(Task):
     """
 
     def __init__(
-        self, model: dict, tokenizer: str, objectives: dict | None = None, lr: float = 5e-4,
-        weight_decay: float = 0.05, betas: tuple[float, float] = (0.9, 0.98), warmup_ratio: float = 0.05,
-        min_lr_ratio: float = 0.01, retrieval_images: int = 100, rerank: int = 16, data_config: dict | None = None,
+        self,
+        model: dict,
+        tokenizer: str,
+        objectives: dict | None = None,
+        lr: float = 5e-4,
+        weight_decay: float = 0.05,
+        betas: tuple[float, float] = (0.9, 0.98),
+        warmup_ratio: float = 0.05,
+        min_lr_ratio: float = 0.01,
+        retrieval_images: int = 100,
+        rerank: int = 16,
+        data_config: dict | None = None,
     ) -> None:
         super().__init__(tokenizer=tokenizer, data_config=data_config)
         tok = self.tokenizer
@@ -49,7 +58,11 @@ class PretrainTask(Task):
         backbone = {"text": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id},
                     "patch_masking": "mpm" in heads, "pooler": "itm" in heads}  # fmt: skip
         self.model: TwoStreamPretrainer = instantiate(
-            model, backbone=backbone, mask_id=tok.mask_id, special_ids=sorted(tok.special_ids), heads=heads,
+            model,
+            backbone=backbone,
+            mask_id=tok.mask_id,
+            special_ids=sorted(tok.special_ids),
+            heads=heads,
         )
         # masks and negatives are drawn from this seed, the step and the batch: the same on every
         # process, and again after a resume
@@ -79,8 +92,14 @@ class PretrainTask(Task):
             # hard negatives from a contrastive space that has not formed yet are noise that holds
             # the alignment head at chance: random negatives first
             objectives = dataclasses.replace(objectives, hard_negatives=False)
-        out = self.model(batch["images"], batch["input_ids"], batch["attention_mask"], batch["image_ids"],
-                         objectives, self.global_batch(batch_idx))
+        out = self.model(
+            batch["images"],
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["image_ids"],
+            objectives,
+            self.global_batch(batch_idx),
+        )
         self._log_losses(out, "train", batch["images"].shape[0])
         return out["loss"]
 
@@ -90,13 +109,21 @@ class PretrainTask(Task):
         gen = torch.Generator(device=images.device).manual_seed(1000 + batch_idx)  # same negatives every time
         # alignment is scored as in ViLBERT: against random other captions (chance = 50%)
         objectives = dataclasses.replace(self.objectives, hard_negatives=False)
-        out = self.model(images, batch["input_ids"], batch["attention_mask"], batch["image_ids"], objectives,
-                         GlobalBatch(generator=gen))
+        out = self.model(
+            images,
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["image_ids"],
+            objectives,
+            GlobalBatch(generator=gen),
+        )
         self._log_losses(out, "val", B)
         # keep what retrieval needs: unmasked vision-stream features and the references
         vision, self._vision_rope = self.model.backbone.encode_vision(images)
         for i, image_id in enumerate(batch["image_ids"].tolist()):
-            self.val_outputs.append({"image_id": image_id, "vision": vision[i].cpu(), "references": batch["references"][i]})
+            self.val_outputs.append(
+                {"image_id": image_id, "vision": vision[i].cpu(), "references": batch["references"][i]}
+            )
 
     def on_validation_epoch_end(self) -> None:
         outputs = gather_unique(self.val_outputs, key="image_id", strategy=self.trainer.strategy)
@@ -145,8 +172,10 @@ class PretrainTask(Task):
         i2t, t2i = self.model.retrieval_scores(self._unimodal(items, [c for _, c in texts]), rerank)
         text_image = torch.tensor([i for i, _ in texts], device=self.device)
         recall_i2t, recall_t2i = retrieval_recall(i2t, text_image), retrieval_recall(t2i, text_image)
-        return {**{k: v for k, v in recall_i2t.items() if k.startswith("i2t")},
-                **{k: v for k, v in recall_t2i.items() if k.startswith("t2i")}}
+        return {
+            **{k: v for k, v in recall_i2t.items() if k.startswith("i2t")},
+            **{k: v for k, v in recall_t2i.items() if k.startswith("t2i")},
+        }
 
     def _unimodal(self, items: list[dict[str, Any]], captions: list[str]) -> Unimodal:
         """The vision-stream outputs kept for ``items`` beside the text stream's own pass over ``captions``."""

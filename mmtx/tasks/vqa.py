@@ -43,8 +43,14 @@ class AnswerTask(Task):
     """
 
     def __init__(
-        self, model: dict, tokenizer: str, lr: float = 5e-4, weight_decay: float = 0.05,
-        betas: tuple[float, float] = (0.9, 0.98), warmup_ratio: float = 0.05, min_lr_ratio: float = 0.01,
+        self,
+        model: dict,
+        tokenizer: str,
+        lr: float = 5e-4,
+        weight_decay: float = 0.05,
+        betas: tuple[float, float] = (0.9, 0.98),
+        warmup_ratio: float = 0.05,
+        min_lr_ratio: float = 0.01,
         data_config: dict | None = None,
     ) -> None:
         super().__init__(tokenizer=tokenizer, data_config=data_config)
@@ -65,8 +71,14 @@ class AnswerTask(Task):
     def loss(self, batch: dict[str, Any]) -> torch.Tensor:
         raise NotImplementedError
 
-    def answer(self, images: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor, k: int = 1,
-               image_index: torch.Tensor | None = None) -> list[list[tuple[str, float]]]:
+    def answer(
+        self,
+        images: torch.Tensor,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        k: int = 1,
+        image_index: torch.Tensor | None = None,
+    ) -> list[list[tuple[str, float]]]:
         """The top ``k`` (answer, probability) per question (``image_index``: see `VqaClassifier`)."""
         raise NotImplementedError
 
@@ -118,8 +130,9 @@ class AnswerTask(Task):
                 overall[best] += 1
         types = {r.question_id: r.question_type for r in datamodule.records("val")}
         scored = [o for o in self.val_outputs if o["answers"]]
-        guess = {o["question_id"]: (prior.get(types.get(o["question_id"])) or overall).most_common(1)[0][0]
-                 for o in scored}
+        guess = {
+            o["question_id"]: (prior.get(types.get(o["question_id"])) or overall).most_common(1)[0][0] for o in scored
+        }
         truth = {o["question_id"]: {"answers": o["answers"], "answer_type": o["answer_type"]} for o in scored}
         return "most frequent training answer per question type", vqa_accuracy(guess, truth)
 
@@ -170,13 +183,21 @@ class VqaTask(AnswerTask):
         return self.model.loss(logits, targets)
 
     @torch.no_grad()
-    def answer(self, images: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor, k: int = 5,
-               image_index: torch.Tensor | None = None) -> list[list[tuple[str, float]]]:
+    def answer(
+        self,
+        images: torch.Tensor,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        k: int = 5,
+        image_index: torch.Tensor | None = None,
+    ) -> list[list[tuple[str, float]]]:
         """The top ``k`` answers per question with their probabilities (sigmoid or softmax scores)."""
         probs = self.model.probabilities(self.model(images, input_ids, mask, image_index))
         top = probs.topk(min(k, probs.shape[1]), dim=1)
-        return [[(self.answers[i], p) for i, p in zip(idx.tolist(), ps.tolist())]
-                for idx, ps in zip(top.indices, top.values)]
+        return [
+            [(self.answers[i], p) for i, p in zip(idx.tolist(), ps.tolist())]
+            for idx, ps in zip(top.indices, top.values)
+        ]
 
 
 class GenerativeVqaTask(AnswerTask):
@@ -202,8 +223,12 @@ class GenerativeVqaTask(AnswerTask):
         """The loss and the answers' target tokens it is a mean over."""
         answer_ids = self.answer_ids(batch)
         loss = self.model.loss(
-            batch["images"], batch["input_ids"], batch["attention_mask"], answer_ids,
-            self.tokenizer.pad_id, batch.get("image_index"),
+            batch["images"],
+            batch["input_ids"],
+            batch["attention_mask"],
+            answer_ids,
+            self.tokenizer.pad_id,
+            batch.get("image_index"),
         )
         return loss, (answer_ids[:, 1:] != self.tokenizer.pad_id).sum()
 
@@ -213,13 +238,26 @@ class GenerativeVqaTask(AnswerTask):
         return self.tokenizer.encode_batch(best, self.model.decoder.max_length)[0].to(self.device)
 
     @torch.no_grad()
-    def answer(self, images: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor, k: int = 1,
-               image_index: torch.Tensor | None = None) -> list[list[tuple[str, float]]]:
+    def answer(
+        self,
+        images: torch.Tensor,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        k: int = 1,
+        image_index: torch.Tensor | None = None,
+    ) -> list[list[tuple[str, float]]]:
         """The generated answer per question with its probability under the model."""
         tok = self.tokenizer
         context, context_mask = self.model.context(images, input_ids, mask, image_index)
-        ids = generate(self.model.decoder, context, context_mask=context_mask, bos_id=tok.bos_id,
-                       eos_id=tok.eos_id, pad_id=tok.pad_id, config=self.generation)
+        ids = generate(
+            self.model.decoder,
+            context,
+            context_mask=context_mask,
+            bos_id=tok.bos_id,
+            eos_id=tok.eos_id,
+            pad_id=tok.pad_id,
+            config=self.generation,
+        )
         seq = torch.cat([torch.full_like(ids[:, :1], tok.bos_id), ids], dim=1)
         logp = self.model.decoder(seq[:, :-1], context, context_mask=context_mask).float().log_softmax(-1)
         token_logp = logp.gather(2, seq[:, 1:, None]).squeeze(2).masked_fill(ids == tok.pad_id, 0.0)

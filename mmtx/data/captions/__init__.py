@@ -4,6 +4,13 @@ from mmtx.data.captions.datamodule import CaptionDataModule, CocoCaptions, Karpa
 from mmtx.data.captions.files import CaptionRecord, read_coco_captions, read_karpathy, read_pairs, write_coco_captions
 
 __all__ = [
-    "CaptionDataModule", "CaptionRecord", "CocoCaptions", "KarpathyCaptions", "PairsCaptions", "read_coco_captions",
-    "read_karpathy", "read_pairs", "write_coco_captions",
+    "CaptionDataModule",
+    "CaptionRecord",
+    "CocoCaptions",
+    "KarpathyCaptions",
+    "PairsCaptions",
+    "read_coco_captions",
+    "read_karpathy",
+    "read_pairs",
+    "write_coco_captions",
 ]

@@ -15,8 +15,8 @@ from torch.utils.data import Dataset, default_collate
 from mmtx.data.annotations import TextLimit
 from mmtx.data.bad_data import FAILURES_KEY, Policy
 from mmtx.data.base import FileSplits, ImageTextDataModule, ImageTextDataset, split_files
-from mmtx.data.images import MAX_IMAGE_PIXELS
 from mmtx.data.captions.files import CaptionRecord, read_coco_captions, read_karpathy, read_pairs
+from mmtx.data.images import MAX_IMAGE_PIXELS
 from mmtx.data.packed import PackedList
 from mmtx.data.tokenizer import Tokenizer
 
@@ -64,7 +64,9 @@ class CaptionCollator:
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         input_ids, mask = self.tokenizer.encode_batch([e["caption"] for e in examples], self.max_length)
         return {
-            "images": default_collate([e["image"] for e in examples]),  # (B, 3, H, W); in a worker, straight into shared memory
+            "images": default_collate(
+                [e["image"] for e in examples]
+            ),  # (B, 3, H, W); in a worker, straight into shared memory
             "input_ids": input_ids,  # (B, T): [BOS] caption [EOS] [PAD]...
             "attention_mask": mask,
             "image_ids": torch.tensor([e["image_id"] for e in examples]),
@@ -77,8 +79,9 @@ class CaptionDataModule(ImageTextDataModule):
     """Images and their captions (training: one example per pair; evaluation: per image)."""
 
     def make_dataset(self, records: list[CaptionRecord], transform: Any, train: bool) -> Dataset:
-        return CaptionDataset(records, transform, pairs=train, on_bad_image=self.on_bad_image,
-                              max_pixels=self.max_image_pixels)
+        return CaptionDataset(
+            records, transform, pairs=train, on_bad_image=self.on_bad_image, max_pixels=self.max_image_pixels
+        )
 
     def make_collator(self) -> CaptionCollator:
         return CaptionCollator(self.tokenizer, self.max_length)

@@ -55,7 +55,9 @@ class CaptionRecord:
 
 
 def read_coco_captions(
-    annotations: str | os.PathLike, images: str | os.PathLike, skipped: list[str] | None = None,
+    annotations: str | os.PathLike,
+    images: str | os.PathLike,
+    skipped: list[str] | None = None,
     limit: TextLimit | None = None,
 ) -> list[CaptionRecord]:
     """Read an official COCO captions file (``captions_<split>.json``).
@@ -110,7 +112,9 @@ def read_coco_captions(
 
 
 def read_pairs(
-    file: str | os.PathLike, images: str | os.PathLike, skipped: list[str] | None = None,
+    file: str | os.PathLike,
+    images: str | os.PathLike,
+    skipped: list[str] | None = None,
     limit: TextLimit | None = None,
 ) -> list[CaptionRecord]:
     """Read a file of (image, caption) rows: JSONL (one object per line), CSV (a header row) or
@@ -122,7 +126,9 @@ def read_pairs(
     """
     file, root = Path(file), Path(images)
     if file.suffix.lower() not in (".jsonl", ".csv", ".parquet"):
-        raise AnnotationError(f"{file}: a pairs file is .jsonl, .csv or .parquet, not {file.suffix or 'without a suffix'}")
+        raise AnnotationError(
+            f"{file}: a pairs file is .jsonl, .csv or .parquet, not {file.suffix or 'without a suffix'}"
+        )
     problems = EntryProblems(file, skipped, limit)
     captions: dict[Path, list[str]] = {}
     for where, row in _rows(file):
@@ -159,8 +165,12 @@ def _rows(file: Path) -> Iterator[tuple[str, Any]]:
         return
     for number, line in enumerate(text.splitlines(), 1):
         if len(line) > MAX_LINE_CHARS:
-            yield f"line {number}", AnnotationError(
-                f"{file}: line {number}: {len(line)} characters, over the {MAX_LINE_CHARS} a JSONL line may have")
+            yield (
+                f"line {number}",
+                AnnotationError(
+                    f"{file}: line {number}: {len(line)} characters, over the {MAX_LINE_CHARS} a JSONL line may have"
+                ),
+            )
         elif line.strip():
             try:
                 yield f"line {number}", json.loads(line)
@@ -201,13 +211,18 @@ def _parquet_rows(file: Path) -> Iterator[tuple[str, Any]]:
     try:
         table = pq.read_table(file, columns=["image", "caption"])
     except Exception as err:  # pyarrow's errors: ArrowInvalid, OSError, KeyError for a missing column
-        raise AnnotationError(f"{file}: cannot read its image and caption columns ({type(err).__name__}: {err})") from err
+        raise AnnotationError(
+            f"{file}: cannot read its image and caption columns ({type(err).__name__}: {err})"
+        ) from err
     for number, row in enumerate(table.to_pylist(), 1):
         yield f"row {number}", row
 
 
 def read_karpathy(
-    annotations: str | os.PathLike, images: str | os.PathLike, split: str, skipped: list[str] | None = None,
+    annotations: str | os.PathLike,
+    images: str | os.PathLike,
+    split: str,
+    skipped: list[str] | None = None,
     limit: TextLimit | None = None,
 ) -> list[CaptionRecord]:
     """Read one split of a Karpathy ``dataset_{coco,flickr8k,flickr30k}.json`` file.
@@ -234,9 +249,7 @@ def read_karpathy(
     wanted = {split, KARPATHY_TRAIN_EXTRA} if split == "train" else {split}
     if not wanted & set(present):
         unsplit = f"; entries without a valid split:\n{listing(problems.found)}" if problems.found else ""
-        raise AnnotationError(
-            f"{file}: no images in split {split!r}; splits present: {', '.join(present)}{unsplit}"
-        )
+        raise AnnotationError(f"{file}: no images in split {split!r}; splits present: {', '.join(present)}{unsplit}")
 
     records: dict[int, CaptionRecord] = {}
     for i, entry in enumerate(entries):
@@ -268,8 +281,11 @@ def read_karpathy(
 
 
 def write_coco_captions(
-    records: Iterable[CaptionRecord], path: str | os.PathLike, images: str | os.PathLike,
-    sizes: Mapping[int, tuple[int, int]] | None = None, info: Mapping[str, Any] | None = None,
+    records: Iterable[CaptionRecord],
+    path: str | os.PathLike,
+    images: str | os.PathLike,
+    sizes: Mapping[int, tuple[int, int]] | None = None,
+    info: Mapping[str, Any] | None = None,
 ) -> None:
     """Write `records` as an official COCO captions JSON file, atomically.
 

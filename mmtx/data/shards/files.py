@@ -100,8 +100,9 @@ def read_vqa_shards(
     them from VQA v2 files. Bad samples and shards are problems as in `read_shards`; so is a
     question id met twice."""
     seen: set[int] = set()
-    samples = _read(shards, skipped, limit,
-                    lambda path, key, meta, texts, problems: _questions(path, key, meta, seen, problems))
+    samples = _read(
+        shards, skipped, limit, lambda path, key, meta, texts, problems: _questions(path, key, meta, seen, problems)
+    )
     return [VqaRecord(q["question_id"], meta["image_id"], image, q["question"], q["answers"],
                       q.get("answer_type"), q.get("question_type"))
             for image, meta, questions in samples for q in questions]  # fmt: skip
@@ -111,7 +112,9 @@ T = TypeVar("T")
 
 
 def _read(
-    shards: Shards, skipped: list[str] | None, limit: TextLimit | None,
+    shards: Shards,
+    skipped: list[str] | None,
+    limit: TextLimit | None,
     parse: Callable[[Path, str, dict[str, Any], dict[str, bytes], EntryProblems], T],
 ) -> list[tuple[FileSlice, dict[str, Any], T]]:
     """(image, ``.json`` object, ``parse(shard, key, .json object, texts, problems)``) for every good
@@ -154,8 +157,10 @@ def _samples(path: Path, problems: EntryProblems) -> Iterable[tuple[str, dict[st
                 members.setdefault(key, {})[extension] = info
                 if extension in ("txt", "json") and info.size > MAX_MEMBER_BYTES:
                     refused.add(key)
-                    problems.add(f"{path}: {key}.{extension}: {info.size} bytes, over the {MAX_MEMBER_BYTES} "
-                                 "a text member may have")
+                    problems.add(
+                        f"{path}: {key}.{extension}: {info.size} bytes, over the {MAX_MEMBER_BYTES} "
+                        "a text member may have"
+                    )
                 elif extension in ("txt", "json"):
                     texts.setdefault(key, {})[extension] = tar.extractfile(info).read()  # type: ignore[union-attr]
     except FileNotFoundError:
@@ -249,6 +254,7 @@ def _questions(
     for i, question in enumerate(checked):
         at = f"{key}.json questions[{i}]"
         question["question"] = problems.bounded(question["question"], f"{at}.question", path)
-        question["answers"] = tuple(problems.bounded(answer, f"{at}.answers[{k}]", path)
-                                    for k, answer in enumerate(question["answers"]))
+        question["answers"] = tuple(
+            problems.bounded(answer, f"{at}.answers[{k}]", path) for k, answer in enumerate(question["answers"])
+        )
     return checked

@@ -45,7 +45,9 @@ def vqa_samples(records: list[VqaRecord]) -> list[ShardSample]:
     for r in records:
         sample = by_image.setdefault(r.image_id, ShardSample(r.path, {"image_id": r.image_id, "questions": []}, None))
         entry = {"question_id": r.question_id, "question": r.question, "answers": list(r.answers)}
-        entry |= {k: v for k, v in (("answer_type", r.answer_type), ("question_type", r.question_type)) if v is not None}
+        entry |= {
+            k: v for k, v in (("answer_type", r.answer_type), ("question_type", r.question_type)) if v is not None
+        }
         sample.meta["questions"].append(entry)
     return list(by_image.values())
 
@@ -62,8 +64,14 @@ def encode_jpeg(path: Any, image_size: int | None, quality: int = 90) -> bytes:
 
 
 def write_shards(
-    records: list[ShardSample], out: str | os.PathLike, split: str, shard_size: int = 1000,
-    image_size: int | None = 256, quality: int = 90, skip_bad_images: bool = False, threads: int | None = None,
+    records: list[ShardSample],
+    out: str | os.PathLike,
+    split: str,
+    shard_size: int = 1000,
+    image_size: int | None = 256,
+    quality: int = 90,
+    skip_bad_images: bool = False,
+    threads: int | None = None,
 ) -> dict[str, Any]:
     """Write ``records`` as ``out/{split}-00000.tar``, ... of ``shard_size`` samples each: per
     record ``KEY.jpg`` (see `encode_jpeg`), ``KEY.json`` and ``KEY.txt`` (see `caption_samples`,
@@ -77,9 +85,10 @@ def write_shards(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     names, samples, left_out = [], 0, []
-    with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool, tqdm(
-        total=len(records), desc=f"writing {split} shards", unit="img", file=sys.stderr, disable=None
-    ) as bar:
+    with (
+        ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool,
+        tqdm(total=len(records), desc=f"writing {split} shards", unit="img", file=sys.stderr, disable=None) as bar,
+    ):
         for k, start in enumerate(range(0, len(records), shard_size)):
             chunk = records[start : start + shard_size]
             name = f"{split}-{k:05d}.tar"
@@ -122,7 +131,9 @@ def write_shard_list(out: str | os.PathLike, splits: dict[str, dict[str, Any]], 
     """``out/shards.json``: each split's shards and sample count, and the settings they were
     written with (`data=webdataset data.train.shards=out/shards.json:train` reads a split)."""
     path = Path(out) / SHARD_LIST
-    document = {"splits": {s: {"shards": v["shards"], "samples": v["samples"]} for s, v in splits.items()},
-                "settings": settings}
+    document = {
+        "splits": {s: {"shards": v["shards"], "samples": v["samples"]} for s, v in splits.items()},
+        "settings": settings,
+    }
     atomic_write_json(path, document)
     return path

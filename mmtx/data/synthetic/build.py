@@ -24,7 +24,11 @@ log = logging.getLogger(__name__)
 
 
 def build_once(
-    root: Path, meta: dict[str, Any], files: Iterable[Path], build: Callable[[Path, dict[str, Any]], None], what: str,
+    root: Path,
+    meta: dict[str, Any],
+    files: Iterable[Path],
+    build: Callable[[Path, dict[str, Any]], None],
+    what: str,
     draw: bool = True,
 ) -> None:
     """Make ``root`` hold the data set ``meta`` describes, calling ``build(staging, meta)`` if it must.
@@ -38,8 +42,10 @@ def build_once(
         log.info("reusing the %s at %s", what, root)
         return
     if not draw:
-        raise FileNotFoundError(f"{root} holds no {what} drawn with these settings ({_settings(meta)}), and mmtx "
-                                "draws none where a checkpoint says: give the data, e.g. data=shapes")
+        raise FileNotFoundError(
+            f"{root} holds no {what} drawn with these settings ({_settings(meta)}), and mmtx "
+            "draws none where a checkpoint says: give the data, e.g. data=shapes"
+        )
     _check_replaceable(root, meta["format"], what)
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))

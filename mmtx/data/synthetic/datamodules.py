@@ -38,8 +38,15 @@ class GeneratedSplits:
     check: Callable[..., None]  # refuses a spec ``generate`` cannot draw: at construction, not in prepare_data
 
     def __init__(
-        self, root: str, num_train: int = 8000, num_val: int = 500, seed: int = 0, *,
-        per_image: dict[str, int], draw: bool = True, **kwargs: Any,
+        self,
+        root: str,
+        num_train: int = 8000,
+        num_val: int = 500,
+        seed: int = 0,
+        *,
+        per_image: dict[str, int],
+        draw: bool = True,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         spec = dict(num_train=num_train, num_val=num_val, seed=seed, **per_image)

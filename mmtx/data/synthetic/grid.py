@@ -75,16 +75,29 @@ _DARK = (10, 70)  # each background channel is drawn from this range: every shap
 # Caption templates by number of shapes; {0}, {1}, {2} are bare noun phrases ("big red ball").
 # Relational ones state "{0} {r} {1}"; the third shape comes first or in its own clause.
 _RELATION_TEMPLATES = {
-    2: ("a {0} {r} a {1}", "the {0} is {r} the {1}", "a {0} sits {r} a {1}", "we see a {0} {r} a {1}",
-        "in this image the {0} is {r} the {1}"),
-    3: ("we see a {2} and a {0} {r} a {1}", "a {2} as well as a {0} {r} a {1}",
-        "the {0} is {r} the {1} and a {2} is elsewhere", "apart from a {2} the {0} sits {r} the {1}"),
+    2: (
+        "a {0} {r} a {1}",
+        "the {0} is {r} the {1}",
+        "a {0} sits {r} a {1}",
+        "we see a {0} {r} a {1}",
+        "in this image the {0} is {r} the {1}",
+    ),
+    3: (
+        "we see a {2} and a {0} {r} a {1}",
+        "a {2} as well as a {0} {r} a {1}",
+        "the {0} is {r} the {1} and a {2} is elsewhere",
+        "apart from a {2} the {0} sits {r} the {1}",
+    ),
 }
 _PLAIN_TEMPLATES = {
     1: ("a {0}", "a lone {0}", "the image shows a {0}", "just a {0} in the picture", "one {0} on a dark background"),
     2: ("a {0} and a {1}", "the image shows a {0} and a {1}", "we see a {0} and a {1}", "a {0} together with a {1}"),
-    3: ("a {0} a {1} and a {2}", "we see a {0} a {1} and a {2}", "the image shows a {0} a {1} and a {2}",
-        "a {0} with a {1} and a {2}"),
+    3: (
+        "a {0} a {1} and a {2}",
+        "we see a {0} a {1} and a {2}",
+        "the image shows a {0} a {1} and a {2}",
+        "a {0} with a {1} and a {2}",
+    ),
 }
 
 _FORMAT = "mmtx-grid"
@@ -153,7 +166,11 @@ def check_spec(num_train: int, num_val: int, captions_per_image: int, **_: Any) 
 
 
 def generate_grid(
-    root: str | os.PathLike, num_train: int, num_val: int, seed: int = 0, captions_per_image: int = 5,
+    root: str | os.PathLike,
+    num_train: int,
+    num_val: int,
+    seed: int = 0,
+    captions_per_image: int = 5,
     draw: bool = True,
 ) -> dict[str, tuple[Path, Path]]:
     """Write (or reuse) a grid scenes data set under `root` in the official COCO captions format.
@@ -167,8 +184,14 @@ def generate_grid(
     """
     root = Path(root)
     check_spec(num_train, num_val, captions_per_image)
-    meta = dict(format=_FORMAT, version=_FORMAT_VERSION, num_train=num_train, num_val=num_val, seed=seed,
-                captions_per_image=captions_per_image)
+    meta = dict(
+        format=_FORMAT,
+        version=_FORMAT_VERSION,
+        num_train=num_train,
+        num_val=num_val,
+        seed=seed,
+        captions_per_image=captions_per_image,
+    )
     layout = {split: (root / f"captions_{split}.json", root / split) for split in SPLITS}
     build_once(root, meta, chain.from_iterable(layout.values()), _build, "grid scenes data set", draw)
     return layout

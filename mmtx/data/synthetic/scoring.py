@@ -102,7 +102,9 @@ def caption_scores(predictions: Mapping[int, str], scenes: Mapping[int, ShapeSce
         if not isinstance(caption, str):
             raise ValueError(f"predictions[{image_id!r}] must be a str, got {type(caption).__name__}")
     correct = sum(caption_is_correct(caption, scenes[image_id]) for image_id, caption in predictions.items())
-    judged = [held for image_id, caption in predictions.items() for held in relation_judgements(caption, scenes[image_id])]
+    judged = [
+        held for image_id, caption in predictions.items() for held in relation_judgements(caption, scenes[image_id])
+    ]
     accuracy = {"relation_accuracy": sum(judged) / len(judged)} if judged else {}
     return {"correctness": correct / len(predictions), **accuracy, "relations_stated": float(len(judged))}
 
@@ -128,14 +130,14 @@ def _parse_caption(caption: str) -> tuple[list[_NounPhrase | str], bool]:
     stray = False
     i = 0
     while i < len(words):
-        size, color, kind = (words[i:i + 3] + ["", "", ""])[:3]
+        size, color, kind = (words[i : i + 3] + ["", "", ""])[:3]
         if size in _SIZE_OF and color in COLORS and kind in _KIND_OF:
             items.append(_NounPhrase(_SIZE_OF[size], color, _KIND_OF[kind]))
             i += 3
             continue
-        length = next((n for n in _RELATION_LENGTHS if tuple(words[i:i + n]) in _RELATION_OF), 0)
+        length = next((n for n in _RELATION_LENGTHS if tuple(words[i : i + n]) in _RELATION_OF), 0)
         if length:
-            items.append(_RELATION_OF[tuple(words[i:i + length])])
+            items.append(_RELATION_OF[tuple(words[i : i + length])])
             i += length
         else:
             stray = stray or words[i] in _CLAIM_WORDS

@@ -64,14 +64,22 @@ _GAP_PX = 2.0  # minimum empty space between two shapes' boxes
 # "left of a b and a c" never reads as "left of both".
 _PLAIN_TEMPLATES = {
     1: ("a {0}", "there is a {0}", "a picture of a {0}", "a {0} on a dark background", "a single {0}"),
-    2: ("a {0} and a {1}", "there are a {0} and a {1}", "a picture of a {0} and a {1}",
-        "a {0} and a {1} on a dark background"),
+    2: (
+        "a {0} and a {1}",
+        "there are a {0} and a {1}",
+        "a picture of a {0} and a {1}",
+        "a {0} and a {1} on a dark background",
+    ),
     3: ("a {0} with a {1} and a {2}", "a {0} and a {1} and a {2}", "there are a {0} a {1} and a {2}"),
 }
 _RELATION_TEMPLATES = {
     2: ("a {0} {r} a {1}", "there is a {0} {r} a {1}", "a {0} is {r} a {1}", "a picture of a {0} {r} a {1}"),
-    3: ("a {2} and a {0} {r} a {1}", "there is a {2} and a {0} {r} a {1}", "a {2} with a {0} {r} a {1}",
-        "a {0} is {r} a {1} and there is a {2}"),
+    3: (
+        "a {2} and a {0} {r} a {1}",
+        "there is a {2} and a {0} {r} a {1}",
+        "a {2} with a {0} {r} a {1}",
+        "a {0} is {r} a {1} and there is a {2}",
+    ),
 }
 
 _FORMAT = "mmtx-shapes"
@@ -97,9 +105,7 @@ class Scene(ShapeScene):
         return None
 
 
-def draw_scene(
-    rng: random.Random, image_size: int, num_captions: int = 5
-) -> tuple[Image.Image, list[str], Scene]:
+def draw_scene(rng: random.Random, image_size: int, num_captions: int = 5) -> tuple[Image.Image, list[str], Scene]:
     """Draw one random scene: (RGB image of image_size^2, `num_captions` captions, Scene).
 
     Everything comes from `rng`, so the same seed gives the same pixels and captions.
@@ -161,8 +167,15 @@ def generate_shapes(
     """
     root = Path(root)
     check_spec(num_train, num_val, image_size, captions_per_image)
-    meta = dict(format=_FORMAT, version=_FORMAT_VERSION, num_train=num_train, num_val=num_val,
-                image_size=image_size, seed=seed, captions_per_image=captions_per_image)
+    meta = dict(
+        format=_FORMAT,
+        version=_FORMAT_VERSION,
+        num_train=num_train,
+        num_val=num_val,
+        image_size=image_size,
+        seed=seed,
+        captions_per_image=captions_per_image,
+    )
     layout = {split: (root / f"captions_{split}.json", root / split) for split in SPLITS}
     build_once(root, meta, chain.from_iterable(layout.values()), _build, "shapes data set", draw)
     return layout

@@ -126,8 +126,15 @@ def generate_shapes_vqa(
     """
     root = Path(root)
     check_spec(num_train, num_val, image_size, questions_per_image)
-    meta = {"format": _FORMAT, "version": _FORMAT_VERSION, "num_train": num_train, "num_val": num_val,
-            "image_size": image_size, "seed": seed, "questions_per_image": questions_per_image}
+    meta = {
+        "format": _FORMAT,
+        "version": _FORMAT_VERSION,
+        "num_train": num_train,
+        "num_val": num_val,
+        "image_size": image_size,
+        "seed": seed,
+        "questions_per_image": questions_per_image,
+    }
     layout = {
         split: (root / f"questions_{split}.json", root / f"annotations_{split}.json", root / split)
         for split in ("train", "val")
@@ -152,8 +159,9 @@ def _candidates(scene: Scene) -> list[_Candidate]:
 
     def color_of(family: str, question: str, color: str) -> None:
         wrong = tuple(c for c in COLORS if c != color)
-        found.append(_Candidate(family, question, color, "other", "what color is the",
-                                _COLOR_SYNONYMS.get(color, ()), wrong))
+        found.append(
+            _Candidate(family, question, color, "other", "what color is the", _COLOR_SYNONYMS.get(color, ()), wrong)
+        )
 
     count("count all", "how many shapes are there?", len(shapes))
     for kind in KINDS:
@@ -177,21 +185,49 @@ def _candidates(scene: Scene) -> list[_Candidate]:
         if sum(t.size == s.size for t in shapes) == 1:
             color_of("color of size", f"what color is the {s.size} shape?", s.color)
         other_kinds, other_size = tuple(k for k in KINDS if k != s.kind), tuple(z for z in SIZES if z != s.size)
-        found.append(_Candidate("kind of color", f"what shape is the {s.color} object?", s.kind, "other",
-                                "what shape is the", _KIND_SYNONYMS[s.kind], other_kinds))
-        found.append(_Candidate("size of shape", f"what size is the {s.color} {s.kind}?", s.size, "other",
-                                "what size is the", _SIZE_SYNONYMS[s.size], other_size))
+        found.append(
+            _Candidate(
+                "kind of color",
+                f"what shape is the {s.color} object?",
+                s.kind,
+                "other",
+                "what shape is the",
+                _KIND_SYNONYMS[s.kind],
+                other_kinds,
+            )
+        )
+        found.append(
+            _Candidate(
+                "size of shape",
+                f"what size is the {s.color} {s.kind}?",
+                s.size,
+                "other",
+                "what size is the",
+                _SIZE_SYNONYMS[s.size],
+                other_size,
+            )
+        )
 
     for i, relation, j in scene.relations():
         for asked in (relation, _OPPOSITE[relation]):
-            yes_no("relation", f"is the {names[i]} {_RELATION_WORDS[asked]} the {names[j]}?", "is the",
-                   asked == relation)
+            yes_no(
+                "relation", f"is the {names[i]} {_RELATION_WORDS[asked]} the {names[j]}?", "is the", asked == relation
+            )
         if not any(_on_side(scene, k, j, relation) for k in range(len(shapes)) if k not in (i, j)):
             kind, color = shapes[i].kind, shapes[i].color
             synonyms = (kind, *(f"{color} {word}" for word in _KIND_SYNONYMS[kind]), f"the {names[i]}")
             wrong = tuple(names[k] for k in range(len(shapes)) if k != i)
-            found.append(_Candidate("what is where", f"what is {_RELATION_WORDS[relation]} the {names[j]}?",
-                                    names[i], "other", "what is", synonyms, wrong))
+            found.append(
+                _Candidate(
+                    "what is where",
+                    f"what is {_RELATION_WORDS[relation]} the {names[j]}?",
+                    names[i],
+                    "other",
+                    "what is",
+                    synonyms,
+                    wrong,
+                )
+            )
     return found
 
 
@@ -228,8 +264,13 @@ def _build(staging: Path, meta: dict[str, Any]) -> None:
         image.save(path, format="PNG", compress_level=1)
         for k, q in enumerate(ask_about_scene(scene, rng, meta["questions_per_image"])):
             question_id = image_id * _QUESTION_ID_STRIDE + k
-            records[split].append(VqaRecord(question_id, image_id, path, q.question, q.answers,
-                                            q.answer_type, q.question_type))
+            records[split].append(
+                VqaRecord(question_id, image_id, path, q.question, q.answers, q.answer_type, q.question_type)
+            )
     for split, written in records.items():
-        write_vqa(written, staging / f"questions_{split}.json", staging / f"annotations_{split}.json",
-                  data_subtype=f"shapes_{split}")
+        write_vqa(
+            written,
+            staging / f"questions_{split}.json",
+            staging / f"annotations_{split}.json",
+            data_subtype=f"shapes_{split}",
+        )

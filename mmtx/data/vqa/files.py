@@ -55,8 +55,11 @@ class VqaRecord:
 
 
 def read_vqa(
-    questions: str | os.PathLike, annotations: str | os.PathLike | None, images: str | os.PathLike,
-    skipped: list[str] | None = None, limit: TextLimit | None = None,
+    questions: str | os.PathLike,
+    annotations: str | os.PathLike | None,
+    images: str | os.PathLike,
+    skipped: list[str] | None = None,
+    limit: TextLimit | None = None,
 ) -> list[VqaRecord]:
     """Read an official VQA questions file, its annotations file if given, and locate the images.
 
@@ -99,13 +102,17 @@ def read_vqa(
     else:
         labels = {}
     paths = _locate_images(root, {image_id for image_id, _ in parsed.values()}, subtype, questions_file, skipped)
-    return [VqaRecord(question_id, image_id, paths[image_id], text, *labels.get(question_id, ((), None, None)))
-            for question_id, (image_id, text) in sorted(parsed.items())
-            if image_id in paths]  # an image with several files is left out (in `skipped`)
+    return [
+        VqaRecord(question_id, image_id, paths[image_id], text, *labels.get(question_id, ((), None, None)))
+        for question_id, (image_id, text) in sorted(parsed.items())
+        if image_id in paths
+    ]  # an image with several files is left out (in `skipped`)
 
 
 def write_vqa(
-    records: Iterable[VqaRecord], questions_path: str | os.PathLike, annotations_path: str | os.PathLike | None,
+    records: Iterable[VqaRecord],
+    questions_path: str | os.PathLike,
+    annotations_path: str | os.PathLike | None,
     data_subtype: str,
 ) -> None:
     """Write `records` as an official VQA questions file and, unless `annotations_path` is None
@@ -144,7 +151,10 @@ def write_vqa(
 
 
 def _read_annotations(
-    file: Path, questions: dict[int, tuple[int, str]], questions_file: Path, skipped: list[str] | None,
+    file: Path,
+    questions: dict[int, tuple[int, str]],
+    questions_file: Path,
+    skipped: list[str] | None,
     limit: TextLimit | None,
 ) -> dict[int, tuple[tuple[str, ...], str | None, str | None]]:
     """{question id: (answers, answer type, question type)} for the questions of `questions`
