@@ -1,0 +1,111 @@
+"""Does a captioner know where the shapes are? A teacher-forced relation probe on grid scenes.
+
+Greedy captions say little about what a captioner has learnt of relations: decoding favours the
+phrase that begins most captions, whatever the image. This probe asks the model instead. For each
+caption of a freshly drawn grid scene (`mmtx.data.synthetic.grid`) that states a relation, it
+scores the caption and its twin with the side flipped ("left of" <-> "right of", "above" <->
+"below", ...), both teacher-forced on the image; a captioner that knows where the shapes are
+gives the true caption the higher likelihood. Chance is 50 %. Prints ONE JSON line per
+checkpoint: the share of pairs won, overall and by axis, and how many pairs were scored::
+
+    python scripts/relation_probe.py RUN/checkpoints/last.ckpt [--scenes 300]
+
+The scenes come from the probe's own seeds (never part of a training set), squashed to the
+checkpoint's image size as the data module squashes a grid image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mmtx.checkpoint import load_task
+from mmtx.data.synthetic.grid import draw_grid_scene
+from mmtx.data.transforms import build_transforms
+
+# Each direction word and its opposite; the generators' phrases differ only in these words.
+FLIPS = {
+    "left": "right", "right": "left", "above": "below", "below": "above",
+    "over": "under", "under": "over", "beneath": "above",
+}  # fmt: skip
+HORIZONTAL = {"left", "right"}
+_DIRECTION = re.compile(r"\b(" + "|".join(FLIPS) + r")\b")
+
+
+def flipped(caption: str) -> str | None:
+    """`caption` with its one direction word turned to the opposite side; None when it states no
+    relation or more than one."""
+    words = _DIRECTION.findall(caption)
+    if len(words) != 1:
+        return None
+    return _DIRECTION.sub(lambda m: FLIPS[m.group(1)], caption)
+
+
+@torch.no_grad()
+def log_likelihoods(task, images: Tensor, captions: list[str]) -> Tensor:
+    """Summed log-probability (B,) of each caption [BOS] ... [EOS] given its image (B, 3, S, S)."""
+    tokenizer, model = task.tokenizer, task.model
+    ids, _ = tokenizer.encode_batch(captions, model.decoder.max_length)
+    logits = model(images, ids[:, :-1]).float()  # (B, T - 1, vocab)
+    targets = ids[:, 1:]
+    logp = F.log_softmax(logits, dim=-1).gather(-1, targets[..., None])[..., 0]
+    return (logp * (targets != tokenizer.pad_id)).sum(1)
+
+
+def relation_pairs(scenes: int, image_size: int) -> list[tuple[Tensor, str, str, bool]]:
+    """(image, true caption, flipped twin, horizontal?) for every distinct caption stating one
+    relation, over `scenes` grid scenes drawn from the probe's own seeds."""
+    transform = build_transforms(image_size, train=False)
+    pairs = []
+    for index in range(scenes):
+        image, captions, _ = draw_grid_scene(random.Random(f"mmtx-relation-probe/{index}"))
+        pixels = transform(image)
+        for caption in dict.fromkeys(captions):  # each distinct caption once
+            twin = flipped(caption)
+            if twin is not None:
+                pairs.append((pixels, caption, twin, bool(HORIZONTAL & set(caption.split()))))
+    return pairs
+
+
+def probe(task, pairs: list[tuple[Tensor, str, str, bool]], likelihood=log_likelihoods, batch: int = 100) -> dict:
+    """The share of `pairs` whose true caption `likelihood` scores above its twin: overall and by axis."""
+    if not pairs:
+        raise ValueError("no caption stating a relation to probe: draw more scenes")
+    won: list[bool] = []
+    for start in range(0, len(pairs), batch):
+        chunk = pairs[start : start + batch]
+        images = torch.stack([p[0] for p in chunk])
+        true = likelihood(task, images, [p[1] for p in chunk])
+        twin = likelihood(task, images, [p[2] for p in chunk])
+        won += (true > twin).tolist()
+
+    def share(xs: list[bool]) -> float | None:
+        return round(sum(xs) / len(xs), 4) if xs else None
+
+    horizontal = [w for w, p in zip(won, pairs) if p[3]]
+    vertical = [w for w, p in zip(won, pairs) if not p[3]]
+    return {"pairs": len(won), "true_preferred": share(won), "horizontal": share(horizontal),
+            "vertical": share(vertical), "chance": 0.5}  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("ckpt", nargs="+", help="captioner checkpoints (.ckpt)")
+    p.add_argument("--scenes", type=int, default=300, help="grid scenes to draw")
+    args = p.parse_args()
+    if args.scenes < 1:
+        p.error(f"--scenes must be at least 1, got {args.scenes}")
+    for ckpt in args.ckpt:
+        task = load_task(ckpt).eval()
+        pairs = relation_pairs(args.scenes, task.model.encoder.image_size)
+        print(json.dumps({"ckpt": ckpt, **probe(task, pairs)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
