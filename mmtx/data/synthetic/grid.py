@@ -138,7 +138,7 @@ def draw_grid_scene(rng: random.Random, num_captions: int = 5) -> tuple[Image.Im
     captions and `scenes_for` recomputes the scene without drawing.
     """
     scene = _sample_scene(rng)
-    image = render(_background(rng, scene.width, scene.height), scene.shapes)
+    image = render(background(rng, scene.width, scene.height), scene.shapes)
     return image, describe_grid_scene(scene, rng, num_captions), scene
 
 
@@ -221,6 +221,14 @@ def _sample_scene(rng: random.Random) -> GridScene:
     count = rng.randint(1, 3)
     colors = rng.sample(list(COLORS), count)
     cells = rng.sample([(row, col) for row in range(GRID) for col in range(GRID)], count)
+    return place_shapes(rng, width, height, colors, cells)
+
+
+def place_shapes(
+    rng: random.Random, width: int, height: int, colors: list[str], cells: list[tuple[int, int]]
+) -> GridScene:
+    """A scene of `width` x `height` px with one shape of each colour in its (row, column) cell:
+    a random size and kind, jittered from the cell's centre."""
     cell_w, cell_h = width / GRID, height / GRID
     shapes = []
     for color, (row, col) in zip(colors, cells):
@@ -232,7 +240,7 @@ def _sample_scene(rng: random.Random) -> GridScene:
     return GridScene(width, height, tuple(shapes), tuple(cells))
 
 
-def _background(rng: random.Random, width: int, height: int) -> np.ndarray:
+def background(rng: random.Random, width: int, height: int) -> np.ndarray:
     """A dark colour of random hue, plain or blended into a second one across or down the image."""
     first = np.array([rng.randint(*_DARK) for _ in range(3)], dtype=np.float32)
     pixels = np.broadcast_to(first, (height, width, 3))

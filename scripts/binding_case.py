@@ -1,0 +1,183 @@
+"""The smallest relation case: can a captioner learn "left of" when that is all there is to learn?
+
+Every image shows two shapes of distinct colours in one row or one column of the grid scenes'
+3x3 layout (`mmtx.data.synthetic.grid`), and every caption is "a A <relation> a B": A and B named
+by size, colour and kind, A drawn at random from the two. With ``--words column`` the caption
+says where A stands instead ("a A column1 of a B"): the same position of the same word, decided
+by A's place alone rather than by A's place against B's. ``--words mixed`` draws either kind.
+
+A captioner with the towers of ``conf/model/caption_small.yaml`` (``--pos-embed`` and
+``--decoder-depth`` change them) trains in this process, with bf16 autocast where the CPU has
+native bf16, for ``--minutes`` (or ``--steps``). Every ``--every`` steps it prints ONE JSON line
+on 600 held-out images: for the relation captions, the share whose true caption is more likely
+than its side-flipped twin (chance 50 %) and the probability of the true direction word; for the
+column captions, the probability of the true column word (chance 1/3)::
+
+    python scripts/binding_case.py --minutes 4 [--words relation] [--pos-embed learned]
+
+The captions use 21 words, so a fixed word vocabulary stands in for a learned tokenizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mmtx.data.synthetic.grid import ASPECTS, GRID, LONG_SIDES, GridScene, background, image_dims, place_shapes
+from mmtx.data.synthetic.scenes import COLORS, KINDS, SIZES, render
+from mmtx.data.transforms import build_resize, normalize_images
+from mmtx.hardware import cpu_has_native_bf16
+from mmtx.models.captioner import ImageCaptioner
+from mmtx.models.decoder import CaptionDecoder
+from mmtx.models.vit import VisionEncoder
+from mmtx.tasks.optim import param_groups
+
+DIRECTIONS = ("left", "right", "above", "below")
+OPPOSITE = {"left": "right", "right": "left", "above": "below", "below": "above"}
+COLUMNS = tuple(f"column{k}" for k in range(GRID))
+PAD, BOS, EOS = 0, 1, 2
+VOCAB = ("<pad>", "<bos>", "<eos>", "a", "of", *DIRECTIONS, *COLUMNS, *COLORS, *KINDS, *SIZES)
+WORD_ID = {w: k for k, w in enumerate(VOCAB)}
+DIRECTION_AT = 5  # [BOS] a size colour kind <direction word>: the word's index in the ids
+
+
+def two_shape_scene(rng: random.Random) -> GridScene:
+    """Two shapes of distinct colours in one row or one column, as the grid scenes draw them."""
+    width, height = image_dims(rng.choice(LONG_SIDES), rng.choice(ASPECTS))
+    line, (a, b) = rng.randrange(GRID), rng.sample(range(GRID), 2)
+    cells = [(line, a), (line, b)] if rng.random() < 0.5 else [(a, line), (b, line)]
+    return place_shapes(rng, width, height, rng.sample(list(COLORS), 2), cells)
+
+
+@dataclass(frozen=True)
+class Caption:
+    """One caption of a two-shape scene and the twin that differs from it in its one claim word."""
+
+    text: str
+    twin: str
+    relation: bool  # False: a column caption
+
+
+def caption(scene: GridScene, first: int, relation: bool) -> Caption:
+    """ "a A left of a B" (`relation`) or "a A column0 of a B", A = shape `first`, with its twin:
+    the opposite side, or the next column."""
+    a, b = scene.shapes[first], scene.shapes[1 - first]
+
+    def say(word: str) -> str:
+        return f"a {a.size} {a.color} {a.kind} {word} of a {b.size} {b.color} {b.kind}"
+
+    if relation:
+        side = scene.relation(first, 1 - first)
+        return Caption(say(side), say(OPPOSITE[side]), True)
+    column = scene.cells[first][1]
+    return Caption(say(COLUMNS[column]), say(COLUMNS[(column + 1) % GRID]), False)
+
+
+def encode(texts: list[str]) -> Tensor:
+    """[BOS] ids [EOS] of equally long captions (B, T)."""
+    return torch.tensor([[BOS, *(WORD_ID[w] for w in t.split()), EOS] for t in texts])
+
+
+def draw(count: int, seed: int, image_size: int) -> tuple[Tensor, list[GridScene]]:
+    """`count` scenes and their images, squashed to uint8 (count, 3, S, S) as the data module does."""
+    rng, resize = random.Random(seed), build_resize(image_size)
+    scenes = [two_shape_scene(rng) for _ in range(count)]
+    images = [resize(render(background(rng, s.width, s.height), s.shapes)) for s in scenes]
+    return torch.stack(images), scenes
+
+
+def build_captioner(pos_embed: str, decoder_depth: int, image_size: int) -> ImageCaptioner:
+    """conf/model/caption_small.yaml's towers over this script's vocabulary."""
+    encoder = VisionEncoder(
+        image_size, 8, dim=128, depth=2, num_heads=4, pos_embed=pos_embed, stem="conv", stem_norm="group"
+    )
+    decoder = CaptionDecoder(len(VOCAB), 128, dim=128, depth=decoder_depth, num_heads=4, max_length=16, pad_id=PAD)
+    return ImageCaptioner(encoder, decoder)
+
+
+@torch.no_grad()
+def evaluate(model: ImageCaptioner, images: Tensor, captions: list[Caption], autocast) -> dict[str, float | None]:
+    """The probe's figures on held-out `images` (uint8) and their `captions`."""
+    model.eval()
+    pixels = normalize_images(images)
+
+    def log_probs(texts: list[str]) -> Tensor:  # (B, T - 1) log-probability of each next word
+        ids = encode(texts)
+        with autocast():
+            logits = model(pixels, ids[:, :-1]).float()
+        return F.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
+
+    true, twin = log_probs([c.text for c in captions]), log_probs([c.twin for c in captions])
+    won = true.sum(1) > twin.sum(1)
+    word = true[:, DIRECTION_AT - 1].exp()  # the claim word's probability
+    kind = torch.tensor([c.relation for c in captions])
+    model.train()
+
+    def mean(x: Tensor) -> float | None:
+        return round(x.float().mean().item(), 3) if len(x) else None
+
+    return {
+        "relation_true_preferred": mean(won[kind]),
+        "p_direction_word": mean(word[kind]),
+        "p_column_word": mean(word[~kind]),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=float, default=4.0, help="training time")
+    p.add_argument("--steps", type=int, default=None, help="stop after this many steps instead")
+    p.add_argument("--words", choices=("relation", "column", "mixed"), default="relation")
+    p.add_argument("--pos-embed", choices=("learned", "sinusoidal", "rope"), default="learned")
+    p.add_argument("--decoder-depth", type=int, default=1)
+    p.add_argument("--images", type=int, default=12000, help="training images")
+    p.add_argument("--every", type=int, default=500, help="steps between evaluations")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    if args.images < 1 or args.every < 1 or args.decoder_depth < 1:
+        p.error("--images, --every and --decoder-depth must be at least 1")
+
+    torch.manual_seed(args.seed)
+    image_size, batch_size, lr, warmup = 64, 32, 1e-3, 200
+    train_images, train_scenes = draw(args.images, 1000 + args.seed, image_size)
+    val_images, val_scenes = draw(600, 99, image_size)
+    val_rng = random.Random(5)
+    relation_share = {"relation": 1.0, "column": 0.0, "mixed": 0.5}[args.words]
+    val_captions = [caption(s, val_rng.randrange(2), val_rng.random() < relation_share) for s in val_scenes]
+
+    model = build_captioner(args.pos_embed, args.decoder_depth, image_size)
+    optimizer = torch.optim.AdamW(param_groups(model, 0.05), lr=lr, betas=(0.9, 0.98))
+    bf16 = cpu_has_native_bf16()
+    autocast = (lambda: torch.autocast("cpu", torch.bfloat16)) if bf16 else contextlib.nullcontext
+    rng, step, start = random.Random(args.seed), 0, time.perf_counter()
+
+    def report(**extra) -> None:
+        figures = evaluate(model, val_images, val_captions, autocast)
+        print(json.dumps({"step": step, "seconds": round(time.perf_counter() - start), **extra, **figures}), flush=True)
+
+    while (step < args.steps) if args.steps is not None else (time.perf_counter() - start < 60 * args.minutes):
+        index = [rng.randrange(args.images) for _ in range(batch_size)]
+        texts = [caption(train_scenes[k], rng.randrange(2), rng.random() < relation_share).text for k in index]
+        for group in optimizer.param_groups:
+            group["lr"] = lr * min(1.0, (step + 1) / warmup)
+        with autocast():
+            loss = model.loss(normalize_images(train_images[index]), encode(texts), PAD)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        step += 1
+        if step % args.every == 0:
+            report(loss=round(loss.item(), 3))
+    report(final=True, words=args.words, pos_embed=args.pos_embed, decoder_depth=args.decoder_depth, bf16=bf16)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""scripts/binding_case.py: its scenes hold one related pair, its captions and twins say what
+they claim, the probe scores the truth against the twin, and a short run prints its figures."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from mmtx.data.synthetic.scoring import relation_judgements
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    path = ROOT / "scripts" / "binding_case.py"
+    spec = importlib.util.spec_from_file_location("mmtx_binding_case", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_scenes_hold_two_related_shapes_on_both_axes() -> None:
+    case = _script()
+    rng = random.Random(0)
+    scenes = [case.two_shape_scene(rng) for _ in range(200)]
+    assert all(len(s.shapes) == 2 and s.shapes[0].color != s.shapes[1].color for s in scenes)
+    relations = {s.relation(0, 1) for s in scenes}
+    assert relations == set(case.DIRECTIONS)  # every pair is related, on both axes
+    for s in scenes:  # a shape's centre lies in its cell
+        for shape, (row, col) in zip(s.shapes, s.cells):
+            assert int(shape.center[0] * 3 // s.width) == col and int(shape.center[1] * 3 // s.height) == row
+
+
+def test_captions_state_the_truth_and_twins_the_opposite() -> None:
+    case = _script()
+    rng = random.Random(1)
+    for _ in range(100):
+        scene, first = case.two_shape_scene(rng), rng.randrange(2)
+        c = case.caption(scene, first, relation=True)
+        assert relation_judgements(c.text, scene) == [True]  # the package's scorer agrees
+        assert relation_judgements(c.twin, scene) == [False]
+        assert c.text.split()[case.DIRECTION_AT - 1] in case.DIRECTIONS
+        column = case.caption(scene, first, relation=False)
+        assert column.text.split()[case.DIRECTION_AT - 1] == f"column{scene.cells[first][1]}"
+        assert column.twin != column.text and len(column.twin.split()) == len(column.text.split())
+        ids = case.encode([c.text, column.text])
+        assert ids.shape[0] == 2 and (ids[:, 0] == case.BOS).all() and (ids[:, -1] == case.EOS).all()
+
+
+def test_probe_prefers_what_the_model_finds_likelier() -> None:
+    case = _script()
+    images, scenes = case.draw(8, seed=0, image_size=32)
+    assert images.shape == (8, 3, 32, 32) and images.dtype == torch.uint8
+    captions = [case.caption(s, 0, relation=True) for s in scenes]
+
+    true_ids = case.encode([c.text for c in captions])
+    keep = torch.ones(true_ids.shape[1], dtype=torch.bool)
+    keep[case.DIRECTION_AT] = False
+
+    class Oracle(torch.nn.Module):  # all probability on the true caption's next words, twin or not
+        def forward(self, pixels, ids):
+            truth = torch.stack([next(t for t in true_ids if t[:-1][keep[:-1]].equal(row[keep[:-1]])) for row in ids])
+            return torch.zeros(*ids.shape, len(case.VOCAB)).scatter(-1, truth[:, 1:, None], 20.0)
+
+    figures = case.evaluate(Oracle(), images, captions, lambda: torch.autocast("cpu", enabled=False))
+    assert figures["relation_true_preferred"] == 1.0 and figures["p_direction_word"] > 0.99
+    assert figures["p_column_word"] is None
+
+
+def test_a_short_run_prints_its_figures() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "binding_case.py"), "--steps", "4", "--every", "2"]
+        + ["--images", "16", "--words", "mixed", "--pos-embed", "sinusoidal"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [line["step"] for line in lines] == [2, 4, 4] and lines[-1]["final"] is True
+    assert lines[-1]["words"] == "mixed" and lines[-1]["pos_embed"] == "sinusoidal"
+    assert 0.0 <= lines[-1]["relation_true_preferred"] <= 1.0 and 0.0 < lines[-1]["p_column_word"] < 1.0
