@@ -5,6 +5,8 @@ Every image shows two shapes of distinct colours in one row or one column of the
 by size, colour and kind, A drawn at random from the two. With ``--words column`` the caption
 says where A stands instead ("a A column1 of a B"): the same position of the same word, decided
 by A's place alone rather than by A's place against B's. ``--words mixed`` draws either kind.
+With ``--outer`` the two shapes stand side by side in the outer columns, so that A's column
+alone decides the relation too.
 
 A captioner with the towers of ``conf/model/caption_small.yaml`` (``--pos-embed`` and
 ``--decoder-depth`` change them) trains in this process, with bf16 autocast where the CPU has
@@ -49,11 +51,12 @@ WORD_ID = {w: k for k, w in enumerate(VOCAB)}
 DIRECTION_AT = 5  # [BOS] a size colour kind <direction word>: the word's index in the ids
 
 
-def two_shape_scene(rng: random.Random) -> GridScene:
-    """Two shapes of distinct colours in one row or one column, as the grid scenes draw them."""
+def two_shape_scene(rng: random.Random, outer: bool = False) -> GridScene:
+    """Two shapes of distinct colours in one row or one column, as the grid scenes draw them;
+    `outer`: side by side in the two outer columns, so that A's column alone says its side."""
     width, height = image_dims(rng.choice(LONG_SIDES), rng.choice(ASPECTS))
-    line, (a, b) = rng.randrange(GRID), rng.sample(range(GRID), 2)
-    cells = [(line, a), (line, b)] if rng.random() < 0.5 else [(a, line), (b, line)]
+    line, (a, b) = rng.randrange(GRID), rng.sample((0, GRID - 1) if outer else range(GRID), 2)
+    cells = [(line, a), (line, b)] if outer or rng.random() < 0.5 else [(a, line), (b, line)]
     return place_shapes(rng, width, height, rng.sample(list(COLORS), 2), cells)
 
 
@@ -86,20 +89,43 @@ def encode(texts: list[str]) -> Tensor:
     return torch.tensor([[BOS, *(WORD_ID[w] for w in t.split()), EOS] for t in texts])
 
 
-def draw(count: int, seed: int, image_size: int) -> tuple[Tensor, list[GridScene]]:
+def draw(count: int, seed: int, image_size: int, outer: bool = False) -> tuple[Tensor, list[GridScene]]:
     """`count` scenes and their images, squashed to uint8 (count, 3, S, S) as the data module does."""
     rng, resize = random.Random(seed), build_resize(image_size)
-    scenes = [two_shape_scene(rng) for _ in range(count)]
+    scenes = [two_shape_scene(rng, outer) for _ in range(count)]
     images = [resize(render(background(rng, s.width, s.height), s.shapes)) for s in scenes]
     return torch.stack(images), scenes
 
 
-def build_captioner(pos_embed: str, decoder_depth: int, image_size: int) -> ImageCaptioner:
+class ShiftedEmbedding(torch.nn.Module):
+    """A token's embedding plus those of the `shift` tokens before it, each scaled per channel (a
+    causal short convolution over the embeddings, as RWKV's token shift and canon layers do):
+    the word a query needs can be a few tokens back."""
+
+    def __init__(self, embed: torch.nn.Embedding, shift: int) -> None:
+        super().__init__()
+        self.embed = embed  # the same module: the LM head stays tied to its weight
+        self.mix = torch.nn.Parameter(torch.full((shift, embed.embedding_dim), 0.5))
+
+    num_embeddings = property(lambda self: self.embed.num_embeddings)
+    padding_idx = property(lambda self: self.embed.padding_idx)
+
+    def forward(self, ids: Tensor) -> Tensor:  # (B, T) -> (B, T, D)
+        x = self.embed(ids)
+        out = x
+        for k, weight in enumerate(self.mix, start=1):
+            out = out + weight * F.pad(x, (0, 0, k, 0))[:, : x.shape[1]]
+        return out
+
+
+def build_captioner(pos_embed: str, decoder_depth: int, image_size: int, token_shift: int = 0) -> ImageCaptioner:
     """conf/model/caption_small.yaml's towers over this script's vocabulary."""
     encoder = VisionEncoder(
         image_size, 8, dim=128, depth=2, num_heads=4, pos_embed=pos_embed, stem="conv", stem_norm="group"
     )
     decoder = CaptionDecoder(len(VOCAB), 128, dim=128, depth=decoder_depth, num_heads=4, max_length=16, pad_id=PAD)
+    if token_shift:
+        decoder.body.token_embed = ShiftedEmbedding(decoder.body.token_embed, token_shift)
     return ImageCaptioner(encoder, decoder)
 
 
@@ -138,6 +164,8 @@ def main() -> None:
     p.add_argument("--words", choices=("relation", "column", "mixed"), default="relation")
     p.add_argument("--pos-embed", choices=("learned", "sinusoidal", "rope"), default="learned")
     p.add_argument("--decoder-depth", type=int, default=1)
+    p.add_argument("--outer", action="store_true", help="side by side in the outer columns only")
+    p.add_argument("--token-shift", type=int, default=0, help="add the embeddings of this many tokens before")
     p.add_argument("--images", type=int, default=12000, help="training images")
     p.add_argument("--every", type=int, default=500, help="steps between evaluations")
     p.add_argument("--seed", type=int, default=0)
@@ -147,13 +175,13 @@ def main() -> None:
 
     torch.manual_seed(args.seed)
     image_size, batch_size, lr, warmup = 64, 32, 1e-3, 200
-    train_images, train_scenes = draw(args.images, 1000 + args.seed, image_size)
-    val_images, val_scenes = draw(600, 99, image_size)
+    train_images, train_scenes = draw(args.images, 1000 + args.seed, image_size, args.outer)
+    val_images, val_scenes = draw(600, 99, image_size, args.outer)
     val_rng = random.Random(5)
     relation_share = {"relation": 1.0, "column": 0.0, "mixed": 0.5}[args.words]
     val_captions = [caption(s, val_rng.randrange(2), val_rng.random() < relation_share) for s in val_scenes]
 
-    model = build_captioner(args.pos_embed, args.decoder_depth, image_size)
+    model = build_captioner(args.pos_embed, args.decoder_depth, image_size, args.token_shift)
     optimizer = torch.optim.AdamW(param_groups(model, 0.05), lr=lr, betas=(0.9, 0.98))
     bf16 = cpu_has_native_bf16()
     autocast = (lambda: torch.autocast("cpu", torch.bfloat16)) if bf16 else contextlib.nullcontext
@@ -176,7 +204,15 @@ def main() -> None:
         step += 1
         if step % args.every == 0:
             report(loss=round(loss.item(), 3))
-    report(final=True, words=args.words, pos_embed=args.pos_embed, decoder_depth=args.decoder_depth, bf16=bf16)
+    report(
+        final=True,
+        words=args.words,
+        pos_embed=args.pos_embed,
+        decoder_depth=args.decoder_depth,
+        token_shift=args.token_shift,
+        outer=args.outer,
+        bf16=bf16,
+    )
 
 
 if __name__ == "__main__":

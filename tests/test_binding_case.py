@@ -38,6 +38,28 @@ def test_scenes_hold_two_related_shapes_on_both_axes() -> None:
             assert int(shape.center[0] * 3 // s.width) == col and int(shape.center[1] * 3 // s.height) == row
 
 
+def test_outer_scenes_put_the_pair_side_by_side_in_the_outer_columns() -> None:
+    case = _script()
+    rng = random.Random(2)
+    scenes = [case.two_shape_scene(rng, outer=True) for _ in range(100)]
+    assert all({col for _, col in s.cells} == {0, 2} and s.cells[0][0] == s.cells[1][0] for s in scenes)
+    assert {s.relation(0, 1) for s in scenes} == {"left", "right"}
+
+
+def test_token_shift_is_causal_and_keeps_the_head_tied() -> None:
+    case = _script()
+    torch.manual_seed(0)
+    model = case.build_captioner("sinusoidal", 1, 32, token_shift=2)
+    assert model.decoder.lm_head.weight is model.decoder.body.token_embed.embed.weight
+    embed = model.decoder.body.token_embed
+    ids = torch.randint(3, len(case.VOCAB), (1, 10))
+    changed = ids.clone()
+    changed[0, 5] = 3 if ids[0, 5] != 3 else 4
+    a, b = embed(ids), embed(changed)
+    assert torch.equal(a[0, :5], b[0, :5])  # earlier tokens do not see a later one
+    assert not torch.equal(a[0, 5:8], b[0, 5:8]) and torch.equal(a[0, 8:], b[0, 8:])  # it and the next two do
+
+
 def test_captions_state_the_truth_and_twins_the_opposite() -> None:
     case = _script()
     rng = random.Random(1)
