@@ -44,7 +44,7 @@ from omegaconf import DictConfig, OmegaConf
 from mmtx.checkpoint import read_checkpoint, rebuild_task
 from mmtx.config_error import ConfigError
 from mmtx.data.bad_data import POLICIES
-from mmtx.data.base import SPLITS
+from mmtx.data.splits import SPLITS
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.generation import GenerationConfig
 from mmtx.nn.embeddings import PatchEmbed

@@ -13,9 +13,9 @@ from omegaconf import DictConfig
 
 from mmtx.cli.common import CONFIG_DIR, absolute_data_paths, check_override_keys, friendly_errors, to_container
 from mmtx.config_check import ConfigError, check_shards_config
-from mmtx.data.base import SPLITS
 from mmtx.data.shards.files import SHARD_LIST
 from mmtx.data.shards.write import caption_samples, vqa_samples, write_shard_list, write_shards
+from mmtx.data.splits import SPLITS
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.data.vqa import VqaDataModule
 

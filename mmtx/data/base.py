@@ -1,4 +1,5 @@
-"""The data module every image-text data set shares: splits of records, images, batching.
+"""The data module every image-text data set shares: it reads and screens each split's records,
+builds its data set (`mmtx.data.dataset`) and serves batches, normalised on the training device.
 
 Bad input is screened where it is cheapest to name (see `mmtx.data.bad_data` for the
 policies): a split's annotation entries as they are read, its image files by a pre-flight
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,13 +21,12 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset
 
 from mmtx.config_error import ConfigError
 from mmtx.data.annotations import MAX_TEXT_CHARS, TextLimit
 from mmtx.data.bad_data import (
     DECODE_HINT,
-    FAILURES_KEY,
     REPORT_FILE,
     BadDataReport,
     DecodeFailures,
@@ -36,45 +35,15 @@ from mmtx.data.bad_data import (
     check_policy,
     screen,
 )
-from mmtx.data.images import MAX_IMAGE_PIXELS, ImageLoadError, read_image
-from mmtx.data.memory import ImagesInMemory, fits_in_memory
+from mmtx.data.dataset import ImageTextDataset
+from mmtx.data.images import MAX_IMAGE_PIXELS, ImageLoadError
+from mmtx.data.memory import fits_in_memory
 from mmtx.data.sampling import SeededDataset, ShardedBatchSampler, position_in_epoch
-from mmtx.data.tokenizer import Tokenizer, TokenizerError
-from mmtx.data.transforms import build_pixels, normalize_images, random_shift
+from mmtx.data.splits import SPLITS, check_images_found
+from mmtx.data.tokenizer import Tokenizer, TokenizerError, longer_than
+from mmtx.data.transforms import build_pixels, image_seeds, normalize_images, random_shift
 
 log = logging.getLogger(__name__)
-
-SPLITS = ("train", "val", "test")
-PROBED_IMAGES = 20  # a split none of whose first this many images exists names the wrong image folder
-
-
-def split_files(splits: dict[str, dict | None], split: str, needed: tuple[str, ...]) -> dict:
-    """The files config ``data.<split>`` with every key of ``needed`` set, else a clear error."""
-    files = splits.get(split) or {}
-    missing = [k for k in needed if not files.get(k)]
-    if missing:
-        raise ValueError(f"data.{split}.{missing[0]} is not set (needed to read the {split} split)")
-    return files
-
-
-class FileSplits:
-    """What a data module of the user's files adds: ``data.<split>`` names each split's files
-    (``train``, ``val``, ``test``: ``{key: path}``); a split is there when its ``index_file`` is."""
-
-    index_file: str  # the key whose file lists a split's examples
-
-    def __init__(self, train: dict | None = None, val: dict | None = None, test: dict | None = None,
-                 **kwargs: Any) -> None:  # fmt: skip
-        super().__init__(**kwargs)
-        self.splits = {"train": train, "val": val, "test": test}
-
-    def has_split(self, split: str) -> bool:
-        files = self.splits.get(split)
-        return bool(files and files.get(self.index_file))
-
-    def image_folder(self, split: str) -> tuple[str, str] | None:
-        folder = (self.splits.get(split) or {}).get("images")
-        return (f"data.{split}.images", folder) if folder else None
 
 
 class ImageTextDataModule(L.LightningDataModule):
@@ -224,7 +193,7 @@ class ImageTextDataModule(L.LightningDataModule):
             limit = TextLimit(self.max_text_chars)
             records = self.load_records(split, skipped, limit)
             if folder is not None and self.preflight_scan and self.on_bad_image == "error":
-                _check_images_found(split, records, *folder)
+                check_images_found(split, records, *folder)
             for what, length in limit.cut:  # each file's count is logged by its reader
                 self.report.add(
                     split, "truncated", what, f"{length} characters > data.max_text_chars={limit.max_chars}"
@@ -353,16 +322,10 @@ class ImageTextDataModule(L.LightningDataModule):
         the run's seed, the epoch and its image id, the same on any number of processes."""
         if self.shift_px and self.trainer is not None and self.trainer.training:
             ids = batch.get("image_ids")  # one per row of images
-            seeds = None if ids is None else self._image_seeds(ids.tolist() if isinstance(ids, Tensor) else ids)
+            seeds = None if ids is None else image_seeds(self.seed, self.trainer.current_epoch, ids)
             batch["images"] = random_shift(batch["images"], self.shift_px, seeds)
         batch["images"] = normalize_images(batch["images"])
         return batch
-
-    def _image_seeds(self, image_ids: list[Any]) -> list[int]:
-        """A seed per image from the run's seed, the epoch and the image's id (an int, or a
-        string's CRC: Python's string hash differs between processes)."""
-        epoch = self.trainer.current_epoch
-        return [hash((self.seed, epoch, i if isinstance(i, int) else zlib.crc32(str(i).encode()))) for i in image_ids]
 
     # --- resuming mid-epoch ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, int]:
@@ -389,9 +352,7 @@ class ImageTextDataModule(L.LightningDataModule):
             return
         self._lengths_checked.add(split)
         items = self.input_texts(split)
-        room = self.max_length - 2  # [BOS] and [EOS]
-        encodings = self.tokenizer.backend.encode_batch_fast([text for _, text in items], add_special_tokens=False)
-        long = [(what, len(e.ids) + 2) for (what, _), e in zip(items, encodings) if len(e.ids) > room]
+        long = longer_than(self.tokenizer, items, self.max_length)
         for what, length in long:
             self.report.add(split, "truncated", what, f"{length} tokens > data.max_length={self.max_length}")
         if long:
@@ -403,81 +364,3 @@ class ImageTextDataModule(L.LightningDataModule):
                 self.max_length,
                 max(n for _, n in long),
             )
-
-
-def _check_images_found(split: str, records: list[Any], key: str, folder: str) -> None:
-    """One line when none of the first `PROBED_IMAGES` images of ``records`` is in ``folder``
-    (config key ``key``): the wrong folder for the annotations, better said once than as a missing
-    file per image with the advice to skip them, which would leave out every one."""
-    first = [r.path for r in records[:PROBED_IMAGES]]
-    if first and all(isinstance(p, Path) and not p.exists() for p in first):
-        name = first[0].relative_to(folder) if first[0].is_relative_to(folder) else first[0]
-        raise FileNotFoundError(
-            f"{key}: none of the first {len(first)} images of the {split} split is in {folder} (e.g. {name}); "
-            "is it the folder of these annotations' images?"
-        )
-
-
-class ImageTextDataset(Dataset):
-    """Examples that each need an image: an image that fails to decode is replaced by the next
-    example's, and listed in the example (``image_failures``) for the loader to count or raise.
-
-    Under ``on_bad_image=error`` outside a loader worker the `ImageLoadError` is raised at once.
-    An image of more than ``max_pixels`` pixels fails to decode, refused from its header.
-    """
-
-    def __init__(self, transform: Any, on_bad_image: Policy = "error", max_pixels: int = MAX_IMAGE_PIXELS) -> None:
-        self.transform = transform
-        self.on_bad_image = check_policy(on_bad_image, "on_bad_image")
-        self.max_pixels = max_pixels
-        self.memory: ImagesInMemory | None = None  # set by `keep_in_memory`
-
-    @property
-    def draws_random(self) -> bool:
-        """Whether reading an example draws random numbers, so that the loader seeds each read
-        (`SeededDataset`): through the transform, unless the images are served from memory, where
-        they are its fixed output. A subclass whose ``example`` draws must say True."""
-        return self.memory is None
-
-    def keep_in_memory(self, image_size: int, desc: str = "decoding images") -> ImagesInMemory:
-        """Decode every image now, once, and serve them from memory from then on. Only for a
-        deterministic ``transform`` (evaluation, or training without random crops): the stored
-        images are its resized output."""
-        self.memory = ImagesInMemory((self.image_path(i) for i in range(len(self))), image_size, desc, self.max_pixels)
-        return self.memory
-
-    def image(self, path: Path) -> Tensor:
-        """The resized (or cropped) uint8 image (3, S, S), from memory or decoded from disk;
-        batches are normalised on the training device (`on_after_batch_transfer`)."""
-        if self.memory is not None:
-            return self.memory[path]
-        return self.transform(read_image(path, self.max_pixels))
-
-    def record(self, i: int) -> Any:
-        """Example ``i``'s record (anything with the image's ``path``): read once per example, as
-        unpickling a packed record is a good share of a small model's loading time."""
-        raise NotImplementedError
-
-    def example(self, i: int, record: Any, image: Tensor) -> dict[str, Any]:
-        """Example ``i`` from its `record` and its loaded image."""
-        raise NotImplementedError
-
-    def image_path(self, i: int) -> Path:
-        return self.record(i).path
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        failures: list[tuple[str, str]] = []
-        for step in range(len(self)):
-            j = (i + step) % len(self)
-            record = self.record(j)
-            if any(record.path == Path(failed) for failed, _ in failures):
-                continue  # another text of the same image
-            try:
-                image = self.image(record.path)
-            except ImageLoadError as err:
-                if self.on_bad_image == "error" and get_worker_info() is None:
-                    raise ImageLoadError(err.path, f"{err.reason} ({DECODE_HINT})") from err
-                failures.append((str(err.path), err.reason))
-                continue
-            return {**self.example(j, record, image), FAILURES_KEY: failures}
-        raise ImageLoadError(self.image_path(i), "no image of this split can be loaded")

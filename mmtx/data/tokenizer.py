@@ -454,3 +454,11 @@ def spellings(old: Tokenizer, new: Tokenizer) -> dict[int, list[int]]:
     if new.vocab_size <= old.vocab_size or any(new.backend.token_to_id(t) != i for t, i in old_vocab.items()):
         return {}
     return {i: old.encode(new.backend.id_to_token(i), add_special=False) for i in range(old.vocab_size, new.vocab_size)}
+
+
+def longer_than(tokenizer: Tokenizer, items: list[tuple[str, str]], max_length: int) -> list[tuple[str, int]]:
+    """(what, length in tokens) of each (what, text) of `items` longer than `max_length` tokens
+    once framed by [BOS] and [EOS]: the texts a collator will cut."""
+    room = max_length - 2
+    encodings = tokenizer.backend.encode_batch_fast([text for _, text in items], add_special_tokens=False)
+    return [(what, len(e.ids) + 2) for (what, _), e in zip(items, encodings) if len(e.ids) > room]

@@ -12,7 +12,9 @@ about "left of" and "right of", and a flip would silently make them false.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torchvision.transforms import InterpolationMode, v2
@@ -101,3 +103,11 @@ def random_shift(images: torch.Tensor, max_px: int, seeds: list[int] | None = No
             torch.randint(0, 2 * max_px + 1, (2,), generator=torch.Generator().manual_seed(s)).tolist() for s in seeds
         ]
     return torch.stack([padded[i, :, y : y + H, x : x + W] for i, (y, x) in enumerate(offsets)])
+
+
+def image_seeds(seed: int, epoch: int, image_ids: torch.Tensor | list[Any]) -> list[int]:
+    """A `random_shift` seed per image from the run's seed, the epoch and the image's id (an int,
+    or a string's CRC: Python's string hash differs between processes), so an image moves the
+    same way on any number of processes."""
+    ids = image_ids.tolist() if isinstance(image_ids, torch.Tensor) else image_ids
+    return [hash((seed, epoch, i if isinstance(i, int) else zlib.crc32(str(i).encode()))) for i in ids]

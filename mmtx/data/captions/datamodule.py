@@ -14,10 +14,12 @@ from torch.utils.data import Dataset, default_collate
 
 from mmtx.data.annotations import TextLimit
 from mmtx.data.bad_data import FAILURES_KEY, Policy
-from mmtx.data.base import FileSplits, ImageTextDataModule, ImageTextDataset, split_files
+from mmtx.data.base import ImageTextDataModule
 from mmtx.data.captions.files import CaptionRecord, read_coco_captions, read_karpathy, read_pairs
+from mmtx.data.dataset import ImageTextDataset
 from mmtx.data.images import MAX_IMAGE_PIXELS
 from mmtx.data.packed import PackedList
+from mmtx.data.splits import FileSplits, split_files
 from mmtx.data.tokenizer import Tokenizer
 
 

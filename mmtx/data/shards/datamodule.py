@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from mmtx.data.annotations import TextLimit
-from mmtx.data.base import FileSplits, split_files
 from mmtx.data.captions.datamodule import CaptionDataModule
 from mmtx.data.captions.files import CaptionRecord
 from mmtx.data.shards.files import read_shards, read_vqa_shards
+from mmtx.data.splits import FileSplits, split_files
 from mmtx.data.vqa.datamodule import VqaDataModule
 from mmtx.data.vqa.files import VqaRecord
 

@@ -1,0 +1,79 @@
+"""The data set every image-text example is read through: its image decoded (or served from
+memory), a failed decode replaced by the next example's and listed for the loader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+from torch.utils.data import Dataset, get_worker_info
+
+from mmtx.data.bad_data import DECODE_HINT, FAILURES_KEY, Policy, check_policy
+from mmtx.data.images import MAX_IMAGE_PIXELS, ImageLoadError, read_image
+from mmtx.data.memory import ImagesInMemory
+
+
+class ImageTextDataset(Dataset):
+    """Examples that each need an image: an image that fails to decode is replaced by the next
+    example's, and listed in the example (``image_failures``) for the loader to count or raise.
+
+    Under ``on_bad_image=error`` outside a loader worker the `ImageLoadError` is raised at once.
+    An image of more than ``max_pixels`` pixels fails to decode, refused from its header.
+    """
+
+    def __init__(self, transform: Any, on_bad_image: Policy = "error", max_pixels: int = MAX_IMAGE_PIXELS) -> None:
+        self.transform = transform
+        self.on_bad_image = check_policy(on_bad_image, "on_bad_image")
+        self.max_pixels = max_pixels
+        self.memory: ImagesInMemory | None = None  # set by `keep_in_memory`
+
+    @property
+    def draws_random(self) -> bool:
+        """Whether reading an example draws random numbers, so that the loader seeds each read
+        (`SeededDataset`): through the transform, unless the images are served from memory, where
+        they are its fixed output. A subclass whose ``example`` draws must say True."""
+        return self.memory is None
+
+    def keep_in_memory(self, image_size: int, desc: str = "decoding images") -> ImagesInMemory:
+        """Decode every image now, once, and serve them from memory from then on. Only for a
+        deterministic ``transform`` (evaluation, or training without random crops): the stored
+        images are its resized output."""
+        self.memory = ImagesInMemory((self.image_path(i) for i in range(len(self))), image_size, desc, self.max_pixels)
+        return self.memory
+
+    def image(self, path: Path) -> Tensor:
+        """The resized (or cropped) uint8 image (3, S, S), from memory or decoded from disk;
+        batches are normalised on the training device (`on_after_batch_transfer`)."""
+        if self.memory is not None:
+            return self.memory[path]
+        return self.transform(read_image(path, self.max_pixels))
+
+    def record(self, i: int) -> Any:
+        """Example ``i``'s record (anything with the image's ``path``): read once per example, as
+        unpickling a packed record is a good share of a small model's loading time."""
+        raise NotImplementedError
+
+    def example(self, i: int, record: Any, image: Tensor) -> dict[str, Any]:
+        """Example ``i`` from its `record` and its loaded image."""
+        raise NotImplementedError
+
+    def image_path(self, i: int) -> Path:
+        return self.record(i).path
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        failures: list[tuple[str, str]] = []
+        for step in range(len(self)):
+            j = (i + step) % len(self)
+            record = self.record(j)
+            if any(record.path == Path(failed) for failed, _ in failures):
+                continue  # another text of the same image
+            try:
+                image = self.image(record.path)
+            except ImageLoadError as err:
+                if self.on_bad_image == "error" and get_worker_info() is None:
+                    raise ImageLoadError(err.path, f"{err.reason} ({DECODE_HINT})") from err
+                failures.append((str(err.path), err.reason))
+                continue
+            return {**self.example(j, record, image), FAILURES_KEY: failures}
+        raise ImageLoadError(self.image_path(i), "no image of this split can be loaded")
