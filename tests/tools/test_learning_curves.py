@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "learning_curves.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "learning_curves.py"
 TINY_TWO_STREAM = (
     "model.backbone.vision.dim=32 model.backbone.vision.depth=1 model.backbone.vision.num_heads=2 "
     "model.backbone.text.dim=32 model.backbone.text.depth=1 model.backbone.text.num_heads=2 "

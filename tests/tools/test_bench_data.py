@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_data.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_data.py"
 
 
 def test_bench_data_measures_the_folder_and_the_shards_it_writes(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = (
     "model.encoder.dim=32 model.encoder.depth=1 model.encoder.num_heads=2 model.decoder.dim=32 "
     "model.decoder.depth=1 model.decoder.num_heads=2 data.image_size=32 data.batch_size=8"

@@ -13,7 +13,7 @@ from pathlib import Path
 from mmtx.data.synthetic.shapes import draw_scene
 from mmtx.data.synthetic.shapes_vqa import _candidates, generate_shapes_vqa
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "vqa_families.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "vqa_families.py"
 
 
 def _script():

@@ -17,7 +17,7 @@ from tests.helpers import Run
 
 def _probe_script():
     spec = importlib.util.spec_from_file_location(
-        "mmtx_probe_shape_kinds", Path(__file__).resolve().parents[1] / "scripts" / "probe_shape_kinds.py"
+        "mmtx_probe_shape_kinds", Path(__file__).resolve().parents[2] / "scripts" / "probe_shape_kinds.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -14,7 +14,7 @@ from tests.test_export import TINY_CAPTIONER, build_task
 
 
 def _script():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "relation_probe.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "relation_probe.py"
     spec = importlib.util.spec_from_file_location("mmtx_relation_probe", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -14,7 +14,7 @@ import torch
 
 from mmtx.data.synthetic.scoring import relation_judgements
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench.py"
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 
 
