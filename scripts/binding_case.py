@@ -5,11 +5,13 @@ Every image shows two shapes of distinct colours in one row or one column of the
 by size, colour and kind, A drawn at random from the two. With ``--words column`` the caption
 says where A stands instead ("a A column1 of a B"): the same position of the same word, decided
 by A's place alone rather than by A's place against B's. ``--words mixed`` draws either kind.
+``--first-steps N`` trains on ``--first-words`` (column) captions for N steps before ``--words``.
 With ``--outer`` the two shapes stand side by side in the outer columns, so that A's column
 alone decides the relation too.
 
 A captioner with the towers of ``conf/model/caption_small.yaml`` (``--pos-embed`` and
-``--decoder-depth`` change them) trains in this process, with bf16 autocast where the CPU has
+``--decoder-depth`` change them; ``--token-shift K`` adds to each word's embedding those of the K
+words before it) trains in this process, with bf16 autocast where the CPU has
 native bf16, for ``--minutes`` (or ``--steps``). Every ``--every`` steps it prints ONE JSON line
 on 600 held-out images: for the relation captions, the share whose true caption is more likely
 than its side-flipped twin (chance 50 %) and the probability of the true direction word; for the
@@ -48,6 +50,7 @@ COLUMNS = tuple(f"column{k}" for k in range(GRID))
 PAD, BOS, EOS = 0, 1, 2
 VOCAB = ("<pad>", "<bos>", "<eos>", "a", "of", *DIRECTIONS, *COLUMNS, *COLORS, *KINDS, *SIZES)
 WORD_ID = {w: k for k, w in enumerate(VOCAB)}
+SHARES = {"relation": 1.0, "column": 0.0, "mixed": 0.5}  # the share of relation captions
 DIRECTION_AT = 5  # [BOS] a size colour kind <direction word>: the word's index in the ids
 
 
@@ -82,6 +85,12 @@ def caption(scene: GridScene, first: int, relation: bool) -> Caption:
         return Caption(say(side), say(OPPOSITE[side]), True)
     column = scene.cells[first][1]
     return Caption(say(COLUMNS[column]), say(COLUMNS[(column + 1) % GRID]), False)
+
+
+def relation_share_at(step: int, first_steps: int, first_words: str, words: str) -> float:
+    """The share of relation captions at training step `step`: `first_words`' for the first
+    `first_steps` steps, then `words`'."""
+    return SHARES[first_words] if step < first_steps else SHARES[words]
 
 
 def encode(texts: list[str]) -> Tensor:
@@ -164,6 +173,8 @@ def main() -> None:
     p.add_argument("--words", choices=("relation", "column", "mixed"), default="relation")
     p.add_argument("--pos-embed", choices=("learned", "sinusoidal", "rope"), default="learned")
     p.add_argument("--decoder-depth", type=int, default=1)
+    p.add_argument("--first-steps", type=int, default=0, help="train on --first-words for this many steps first")
+    p.add_argument("--first-words", choices=tuple(SHARES), default="column")
     p.add_argument("--outer", action="store_true", help="side by side in the outer columns only")
     p.add_argument("--token-shift", type=int, default=0, help="add the embeddings of this many tokens before")
     p.add_argument("--images", type=int, default=12000, help="training images")
@@ -178,8 +189,7 @@ def main() -> None:
     train_images, train_scenes = draw(args.images, 1000 + args.seed, image_size, args.outer)
     val_images, val_scenes = draw(600, 99, image_size, args.outer)
     val_rng = random.Random(5)
-    relation_share = {"relation": 1.0, "column": 0.0, "mixed": 0.5}[args.words]
-    val_captions = [caption(s, val_rng.randrange(2), val_rng.random() < relation_share) for s in val_scenes]
+    val_captions = [caption(s, val_rng.randrange(2), val_rng.random() < SHARES[args.words]) for s in val_scenes]
 
     model = build_captioner(args.pos_embed, args.decoder_depth, image_size, args.token_shift)
     optimizer = torch.optim.AdamW(param_groups(model, 0.05), lr=lr, betas=(0.9, 0.98))
@@ -193,7 +203,8 @@ def main() -> None:
 
     while (step < args.steps) if args.steps is not None else (time.perf_counter() - start < 60 * args.minutes):
         index = [rng.randrange(args.images) for _ in range(batch_size)]
-        texts = [caption(train_scenes[k], rng.randrange(2), rng.random() < relation_share).text for k in index]
+        share = relation_share_at(step, args.first_steps, args.first_words, args.words)
+        texts = [caption(train_scenes[k], rng.randrange(2), rng.random() < share).text for k in index]
         for group in optimizer.param_groups:
             group["lr"] = lr * min(1.0, (step + 1) / warmup)
         with autocast():
@@ -204,15 +215,7 @@ def main() -> None:
         step += 1
         if step % args.every == 0:
             report(loss=round(loss.item(), 3))
-    report(
-        final=True,
-        words=args.words,
-        pos_embed=args.pos_embed,
-        decoder_depth=args.decoder_depth,
-        token_shift=args.token_shift,
-        outer=args.outer,
-        bf16=bf16,
-    )
+    report(final=True, **vars(args), bf16=bf16)
 
 
 if __name__ == "__main__":

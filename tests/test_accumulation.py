@@ -99,7 +99,7 @@ def fit(
     return task, fitter, x, y, start
 
 
-def test_summed_loss_steps_with_the_gradient_of_the_mean_over_every_item_of_the_step() -> None:
+def test_summed_loss_steps_with_the_gradient_of_the_mean_of_a_steps_items() -> None:
     """Three micro-batches of 2 rows holding 2, 1 and 1 kept rows, 2 accumulated per step: step 1
     takes the gradient of the mean over its 3 kept rows, step 2 (the epoch's last, one micro-batch)
     over its 1, whereas Lightning's division by k weighs each micro-batch's mean alike (and halves

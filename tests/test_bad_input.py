@@ -395,7 +395,7 @@ def test_decode_failure_under_skip_is_replaced_and_counted(tmp_path: Path, worke
     assert [(d.split, d.what) for d in decoded] == [("train", str(broken))]
 
 
-def test_decode_failure_in_a_worker_reaches_the_main_process_as_image_load_error(tmp_path: Path) -> None:
+def test_decode_failure_in_a_worker_reaches_the_main_process_as_load_error(tmp_path: Path) -> None:
     module, broken = _loader_over_a_file_that_breaks_after_the_scan(tmp_path, "error", workers=1)
     with pytest.raises(ImageLoadError) as info:  # not a RuntimeError wrapping a worker traceback
         list(module.train_dataloader())
@@ -536,7 +536,7 @@ def test_resume_with_another_model_size_names_the_keys(mmtx_checkpoint: Path) ->
 # --- tokenizer files that load but could not work ---------------------------------------------
 
 
-def test_tokenizer_json_with_gaps_in_its_ids_or_no_unknown_token_is_refused() -> None:
+def test_tokenizer_json_with_gaps_in_ids_or_no_unknown_token_is_refused() -> None:
     document = json.loads(Tokenizer.train(["a red circle", "a blue square"], vocab_size=40).to_str())
     vocab = document["model"]["vocab"]
     gap = json.loads(json.dumps(document))

@@ -57,7 +57,7 @@ def test_the_shipped_configs_pass(choices: list[str], monkeypatch: pytest.Monkey
     check_train_config(_train_cfg(*choices))
 
 
-def test_the_pretrained_captioner_config_passes_and_a_missing_weights_file_is_named(tmp_path: Path) -> None:
+def test_pretrained_captioner_config_passes_and_missing_weights_are_named(tmp_path: Path) -> None:
     """The task is built to check it, so ``model=caption_pretrained`` reads its (tiny) files."""
     transformers = pytest.importorskip("transformers", reason="transformers writes the pretrained files")
     write_vit(tmp_path / "vit", transformers)

@@ -44,7 +44,7 @@ PRESETS = {
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-def test_every_preset_has_no_batch_statistics_and_every_parameter_gets_a_gradient(preset: str, tmp_path: Path) -> None:
+def test_presets_have_no_batch_statistics_and_every_parameter_a_gradient(preset: str, tmp_path: Path) -> None:
     train_in_process([
         *PRESETS[preset], "data.num_train=16", "data.num_val=4", "data.batch_size=4", "data.num_workers=0",
         f"paths.data_dir={tmp_path / 'data'}", f"paths.output_dir={tmp_path / 'run'}", "logger=none",

@@ -55,9 +55,7 @@ def wait_for(url: str, proc: subprocess.Popen, seconds: float = 120) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install chromium), as .ci/run installs it")
-def test_the_demo_page_captions_an_upload_shows_a_heat_map_and_refuses_a_text_file_and_a_big_one(
-    cli, tmp_path: Path
-) -> None:
+def test_demo_page_captions_and_maps_an_upload_and_refuses_text_or_too_big(cli, tmp_path: Path) -> None:
     pytest.importorskip("gradio", reason="pip install 'mmtx[demo]'")
     sync_api = pytest.importorskip("playwright.sync_api")
     ckpt = repeating_checkpoint(tmp_path / "last.ckpt")
@@ -120,7 +118,7 @@ def test_the_demo_page_captions_an_upload_shows_a_heat_map_and_refuses_a_text_fi
             shutil.copy(tmp_path / name, Path(shots) / name)
 
 
-def test_the_vqa_page_answers_with_scores_and_a_map_and_names_what_it_refuses(tmp_path: Path) -> None:
+def test_vqa_page_answers_with_scores_and_a_map_and_names_what_it_refuses(tmp_path: Path) -> None:
     """The VQA page's handler (what the Answer button calls), without a browser."""
     from omegaconf import OmegaConf
 

@@ -644,5 +644,5 @@ def test_no_issue_numbers_or_internal_goals_in_what_users_read() -> None:
         ("the target is the masked patch's pixels", []), ("a COCO id, #1 of them", ["#1"]),
     ],
 )  # fmt: skip
-def test_the_internal_reference_check_knows_upstream_issues_and_learning_targets(text: str, found: list[str]) -> None:
+def test_internal_reference_check_knows_upstream_issues_and_targets(text: str, found: list[str]) -> None:
     assert list(internal_references(text, goals=True)) == found

@@ -176,7 +176,7 @@ def test_broken_export_weights_are_refused_naming_the_file(tmp_path: Path, wordp
 # --------------------------------------------------------------- from pretrained files, by config
 
 
-def test_caption_pretrained_config_imports_vit_and_gpt2_and_exports_self_contained(tmp_path: Path, cli) -> None:
+def test_caption_pretrained_loads_vit_and_gpt2_and_exports_self_contained(tmp_path: Path, cli) -> None:
     """``model=caption_pretrained`` with a Hugging Face ViT and a GPT-2 directory (tokenizer from
     its vocab.json + merges.txt): the captioner computes what ViT + GPT-2 compute; ``mmtx-export``
     of its checkpoint loads back identical once the pretrained files are gone."""

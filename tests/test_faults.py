@@ -43,7 +43,7 @@ def test_processes_share_out_the_global_batches_of_one_process() -> None:
     assert list(s) == one
 
 
-def test_grouped_order_keeps_each_group_together_and_shares_out_like_one_process() -> None:
+def test_grouped_order_keeps_groups_together_and_shares_like_one_process() -> None:
     """With groups (an image's questions), a shuffled epoch lists each group's examples one after
     another, every example once; 2 processes' global batches hold those of one process."""
     groups = [i // 3 for i in range(48)][::-1]  # 16 groups of 3, ids in descending order
@@ -83,7 +83,7 @@ def test_resumed_sampler_continues_the_interrupted_epoch_once() -> None:
     assert len(list(s)) == len(full)
 
 
-def test_seeded_dataset_fixes_augmentation_per_example_and_leaves_the_caller_rng() -> None:
+def test_seeded_dataset_fixes_augmentation_per_example_leaving_caller_rng() -> None:
     class Noise(torch.utils.data.Dataset):
         def __len__(self) -> int:
             return 4
@@ -159,7 +159,7 @@ def _fit(module: L.LightningModule, tmp_path: Path, *callbacks: L.Callback, step
     return trainer
 
 
-def test_nonfinite_loss_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path: Path) -> None:
+def test_nonfinite_loss_stops_with_a_message_and_keeps_the_last_good_ckpt(tmp_path: Path) -> None:
     module = _Regression(nan_at={3})
     with pytest.raises(NonFiniteLossError, match=r"non-finite loss \(nan\) at step 3.*last\.ckpt.*action=skip"):
         _fit(module, tmp_path, NonFiniteLoss("stop"))
@@ -337,7 +337,7 @@ def test_two_processes_resume_with_each_ones_own_random_state(
     _resume_and_compare(cli, tiny, tmp_path, "caption", *settings, saved_at=5, ranks=2)
 
 
-def test_the_lightning_counter_mid_epoch_resume_reads_counts_batches_of_this_epoch() -> None:
+def test_lightning_counter_for_mid_epoch_resume_counts_this_epochs_batches() -> None:
     """mmtx's data modules record where an epoch stands from a Lightning internal
     (``fit_loop.epoch_loop.batch_progress.current.ready``, read in ``mmtx/data/sampling.py``); this fast
     test fails if an upgrade renames it or stops resetting it at each epoch. 5 batches an epoch,

@@ -55,7 +55,7 @@ def fit(tmp_path: Path, callbacks: list[L.Callback], **budget) -> tuple[L.Traine
 # ------------------------------------------------------------------ 1. the progress bar's budget
 
 
-def test_progress_bar_counts_steps_and_time_left_where_lightnings_reads_epoch_of_minus_two(tmp_path: Path) -> None:
+def test_progress_bar_counts_steps_and_time_left_with_no_epoch_limit(tmp_path: Path) -> None:
     bar = BudgetProgressBar()  # 4 batches an epoch
     trainer, module = fit(tmp_path, [bar], max_epochs=-1, max_steps=6)
     assert bar._get_train_description(3).strip() == "Epoch 3"  # Lightning's: "Epoch 3/-2"
@@ -76,7 +76,7 @@ def test_progress_bar_counts_steps_and_time_left_where_lightnings_reads_epoch_of
     assert not {"step", "time left"} & set(bar.get_metrics(trainer, module))
 
 
-def test_mmtx_train_gets_the_progress_bar_and_summary_unless_the_trainer_config_turns_them_off() -> None:
+def test_mmtx_train_adds_progress_bar_and_summary_unless_trainer_disables() -> None:
     def kinds(*overrides: str) -> set[type]:
         cfg = compose_train(["paths.output_dir=/unused", *overrides])
         return {type(cb) for cb in callbacks_for(cfg.trainer, cfg.callbacks)}
@@ -127,7 +127,7 @@ def test_a_misspelt_key_is_one_line_naming_the_closest_key(cli, tmp_path: Path) 
     assert "Traceback" not in added.stderr and not data.exists()
 
 
-def test_unknown_keys_are_found_in_the_config_group_chosen_on_the_command_line() -> None:
+def test_unknown_keys_are_found_in_the_config_group_chosen_on_the_cli() -> None:
     assert unknown_override_keys("train", ["data=coco", "data.train.imagess=x", "sed=1", "task.lr=1e-3"]) == [
         "data.train.imagess is not a key of data.train (did you mean data.train.images?)",
         "sed is not a key of the config (did you mean seed?)",
@@ -164,7 +164,7 @@ def test_a_missing_image_folder_is_one_line(cli, tmp_path: Path) -> None:
     assert result.stderr.count("/no/such/dir") == 1, cli.describe(result)
 
 
-def test_an_image_folder_without_the_listed_images_is_one_line_not_advice_to_skip_them(tmp_path: Path) -> None:
+def test_image_folder_without_listed_images_is_one_line_not_advice_to_skip(tmp_path: Path) -> None:
     names = [f"COCO_train2014_{i:012d}.jpg" for i in range(1, 31)]
     folder = tmp_path / "val2014"  # another split's folder: none of these names is there
     folder.mkdir()
@@ -194,7 +194,7 @@ def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return export_task(task, tmp_path_factory.mktemp("captioner") / "export")
 
 
-def test_mmtx_caption_captions_a_folder_into_coco_results_skipping_what_is_no_image(
+def test_mmtx_caption_writes_coco_results_for_a_folder_skipping_non_images(
     cli, export_dir: Path, tmp_path: Path
 ) -> None:
     folder = tmp_path / "val2014"

@@ -166,7 +166,7 @@ def _every_kind_of_file(folder: Path) -> dict[str, tuple[Path, bool]]:
     }
 
 
-def test_read_image_gives_load_image_pixels_decoding_photos_with_torchcodec(
+def test_read_image_matches_load_image_decoding_photos_with_torchcodec(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     files = _every_kind_of_file(tmp_path)

@@ -119,7 +119,7 @@ def test_conv_stem_gives_the_patch_grid_and_patch_stem_keeps_vit_weights() -> No
         VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, stem="resnet")
 
 
-def test_group_normalised_stem_sees_each_image_alone_and_batch_norm_does_not() -> None:
+def test_group_norm_stem_sees_each_image_alone_and_batch_norm_does_not() -> None:
     """``stem_norm=group`` normalises each image by its own statistics: an image's tokens are the
     same alone and in any batch, in training and evaluation; BatchNorm's depend on the batch (why
     it differed between 1 and N processes) and, in training, on nothing else."""

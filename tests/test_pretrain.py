@@ -128,7 +128,7 @@ def test_every_objective_gives_a_finite_loss_and_can_be_switched_off():
         Objectives(mask_prob=1.5)
 
 
-def test_the_caption_objective_writes_the_unmasked_caption_from_the_vision_stream():
+def test_caption_objective_writes_the_unmasked_caption_from_vision_stream():
     model = tiny_pretrainer(caption=True).eval()
     images, ids, mask = batch()
     obj = Objectives(mlm=1.0, mpm=0, itm=0, caption=1.0)

@@ -204,7 +204,7 @@ def test_shards_written_from_pairs_train_and_evaluate_end_to_end(cli, tmp_path: 
     assert sorted(p["image_id"] for p in predictions) == [1, 2, 3]  # the pairs' ids, kept in the .json
 
 
-def test_vqa_shards_written_from_vqa_v2_files_train_and_evaluate_end_to_end(cli, tmp_path: Path) -> None:
+def test_vqa_shards_from_vqa_v2_files_train_and_evaluate_end_to_end(cli, tmp_path: Path) -> None:
     files = generate_shapes_vqa(tmp_path / "vqa", num_train=12, num_val=4, image_size=32, seed=1, questions_per_image=3)
     keys = {"questions": 0, "annotations": 1, "images": 2}
     data = [f"data.{split}.{key}={files[split][k]}" for split in ("train", "val") for key, k in keys.items()]

@@ -117,7 +117,7 @@ def test_with_words_leaves_a_complete_or_byte_level_vocabulary_as_it_is(wordpiec
     assert bpe.with_words(QUESTIONS) is bpe
 
 
-def test_init_from_reuses_the_checkpoints_tokenizer_unless_told_to_add_words(wordpiece: Tokenizer) -> None:
+def test_init_from_reuses_the_checkpoints_tokenizer_unless_adding_words(wordpiece: Tokenizer) -> None:
     start = {"hyper_parameters": {"tokenizer": wordpiece.to_str()}}
     cfg = OmegaConf.create({"init_from": "x.ckpt", "tokenizer": {"path": None, "add_words": False, "min_frequency": 1}})
     assert run_tokenizer(cfg, None, start).to_str() == wordpiece.to_str()

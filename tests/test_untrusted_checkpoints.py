@@ -130,7 +130,7 @@ def poisoned(draw: st.DrawFn, ckpt: dict[str, Any]) -> tuple[dict[str, Any], str
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_any_callable_anywhere_in_a_checkpoints_configs_is_refused_in_one_line(
+def test_any_callable_in_a_checkpoints_configs_is_refused_in_one_line(
     data: st.DataObject, stored: dict[str, Any], tmp_path: Path
 ) -> None:
     bad, key = data.draw(poisoned(stored))
@@ -173,7 +173,7 @@ def test_the_allowed_packages_imports_are_not_reachable_by_name(name: str) -> No
         check_stored_config({"_target_": name}, "f: model", MODEL)
 
 
-def test_a_data_module_that_has_moved_passes_but_its_arguments_are_still_checked() -> None:
+def test_a_moved_data_module_passes_but_its_arguments_are_still_checked() -> None:
     """A checkpoint's data module renamed since (mmtx-eval then asks for data=): nothing by that
     name can run, so it passes the read; what it holds is checked all the same."""
     from mmtx.stored_config import DATA, UnknownStoredClass
@@ -295,9 +295,7 @@ def test_sharded_fsdp_checkpoints_are_refused_at_start_up(tmp_path: Path, monkey
         HydraConfig.instance().cfg = None  # type: ignore[assignment]
 
 
-def test_configs_nested_deeper_than_python_recurses_are_refused_in_one_line(
-    stored: dict[str, Any], tmp_path: Path
-) -> None:
+def test_configs_nested_past_pythons_recursion_are_refused_in_one_line(stored: dict[str, Any], tmp_path: Path) -> None:
     deep: Any = 1
     for _ in range(5000):
         deep = [deep]

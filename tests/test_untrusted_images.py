@@ -138,7 +138,7 @@ def bomb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_a_png_just_over_the_default_limit_is_refused_fast_without_a_warning_or_a_decode(
+def test_a_png_just_over_the_limit_is_refused_with_no_warning_or_decode(
     bomb: Path, tmp_path: Path, decoded: list[str]
 ) -> None:
     member = _in_a_shard(tmp_path, bomb.read_bytes(), "k1.png")
@@ -157,7 +157,7 @@ def test_a_png_just_over_the_default_limit_is_refused_fast_without_a_warning_or_
     assert decoded == [] and took < 1.0, took  # headers only: a decode alone takes a quarter of a second
 
 
-def test_the_default_limit_is_pillows_default_and_pillows_setting_is_left_alone(bomb: Path) -> None:
+def test_default_limit_is_pillows_and_pillows_setting_is_left_alone(bomb: Path) -> None:
     assert MAX_IMAGE_PIXELS == 89_478_485 and Image.MAX_IMAGE_PIXELS == 89_478_485
     assert load_image.__defaults__ == read_image.__defaults__ == check_image.__defaults__ == (MAX_IMAGE_PIXELS,)
     # a higher limit lets the 90-megapixel PNG through its header (the check only verifies checksums),
@@ -240,7 +240,7 @@ def no_other_plugin(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return tried
 
 
-def test_other_formats_named_as_photos_are_refused_without_trying_their_plugin(
+def test_other_formats_named_as_photos_are_refused_without_trying_plugins(
     tmp_path: Path, no_other_plugin: list[str], decoded: list[str]
 ) -> None:
     for what, path in _other_formats(tmp_path).items():
@@ -284,7 +284,7 @@ def _coco_with_a_wide_image(tmp_path: Path) -> dict[str, str]:
     return {"annotations": str(tmp_path / "captions.json"), "images": str(folder)}
 
 
-def test_data_max_image_pixels_makes_a_larger_image_a_bad_image_in_the_scan(tmp_path: Path) -> None:
+def test_max_image_pixels_makes_a_larger_image_a_bad_image_in_the_scan(tmp_path: Path) -> None:
     files = _coco_with_a_wide_image(tmp_path)
     wide = Path(files["images"]) / "5.png"
     reason = "11x10 = 110 pixels, over the limit of 100 (data.max_image_pixels)"
@@ -300,9 +300,7 @@ def test_data_max_image_pixels_makes_a_larger_image_a_bad_image_in_the_scan(tmp_
 
 
 @pytest.mark.parametrize("in_memory", [False, True])
-def test_data_max_image_pixels_reaches_the_loader_and_the_images_kept_in_memory(
-    tmp_path: Path, in_memory: bool
-) -> None:
+def test_max_image_pixels_reaches_the_loader_and_the_in_memory_images(tmp_path: Path, in_memory: bool) -> None:
     files = _coco_with_a_wide_image(tmp_path)
     module = CocoCaptions(train=files, max_image_pixels=100, on_bad_image="skip", image_size=8, batch_size=2,
                           num_workers=0, in_memory=in_memory, tokenizer=functools.partial(Tokenizer.train, vocab_size=60))  # fmt: skip
@@ -346,7 +344,7 @@ def vqa_task():
                    data_config={"image_size": 32}).eval()  # fmt: skip
 
 
-def test_the_demo_upload_box_takes_image_files_only_and_gradio_deletes_the_uploads(vqa_task, tmp_path: Path) -> None:
+def test_demo_upload_box_takes_images_only_and_gradio_deletes_the_uploads(vqa_task, tmp_path: Path) -> None:
     gr = pytest.importorskip("gradio", reason="pip install 'mmtx[demo]'")
     from gradio.data_classes import FileData
     from gradio.route_utils import delete_files_created_by_app
@@ -376,7 +374,7 @@ def test_the_demo_upload_box_takes_image_files_only_and_gradio_deletes_the_uploa
     assert not uploaded.exists()
 
 
-def test_the_demo_refuses_an_upload_over_the_limit_or_of_another_format_before_decoding(
+def test_demo_refuses_too_big_or_other_format_uploads_before_decoding(
     vqa_task, bomb: Path, tmp_path: Path, decoded: list[str], no_other_plugin: list[str]
 ) -> None:
     from mmtx.cli.demo import Demo

@@ -96,6 +96,13 @@ def test_probe_prefers_what_the_model_finds_likelier() -> None:
     assert figures["p_column_word"] is None
 
 
+def test_first_words_are_drawn_for_the_first_steps_only() -> None:
+    case = _script()
+    shares = [case.relation_share_at(step, 3, "column", "relation") for step in range(5)]
+    assert shares == [0.0, 0.0, 0.0, 1.0, 1.0]
+    assert case.relation_share_at(0, 0, "column", "mixed") == 0.5
+
+
 def test_a_short_run_prints_its_figures() -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "binding_case.py"), "--steps", "4", "--every", "2"]

@@ -63,7 +63,7 @@ def test_a_variant_is_fine_tuned_from_its_own_pretraining(tmp_path: Path) -> Non
     assert again.returncode == 0 and "reusing" in again.stdout, again.stdout[-3000:] + again.stderr[-3000:]
 
 
-def test_fine_tuning_without_the_variants_pretraining_names_the_run_it_needs(tmp_path: Path) -> None:
+def test_fine_tuning_without_its_pretraining_names_the_run_it_needs(tmp_path: Path) -> None:
     done = _run(
         "--tasks",
         "vqa_from_pretrain",
