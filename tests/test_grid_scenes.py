@@ -254,6 +254,33 @@ def test_every_written_caption_is_correct_for_its_recomputed_scene(tmp_path: Pat
         grid_scenes(root, "test")
 
 
+def test_place_captions_say_where_every_shape_stands() -> None:
+    rows, columns = ("top", "middle", "bottom"), ("left", "centre", "right")
+    rng = random.Random(4)
+    for _ in range(200):
+        scene = grid._sample_scene(rng)
+        caption = grid.place_caption(scene, rng)
+        places = re.findall(r"a (\w+) (\w+) (\w+) at the (\w+) (\w+)", caption)
+        assert len(places) == len(scene.shapes), caption
+        for _, color, _, row, column in places:
+            k = next(i for i, s in enumerate(scene.shapes) if s.color == color)
+            assert (rows.index(row), columns.index(column)) == scene.cells[k], (caption, scene)
+        assert caption_is_correct(caption, scene) and relation_judgements(caption, scene) == []
+        row = rows[scene.cells[0][0]]
+        moved = caption.replace(f"at the {row} ", f"at the {rows[(rows.index(row) + 1) % 3]} ")
+        assert not caption_is_correct(moved, scene), moved  # a wrong place is wrong
+
+
+def test_grid_data_writes_place_captions_and_refuses_other_kinds(tmp_path: Path) -> None:
+    data = GridCaptions(str(tmp_path / "places"), num_train=2, num_val=10, seed=1, image_size=32, captions="places")
+    records = read_coco_captions(*data.files()["val"])
+    assert all(" at the " in c and not RELATION.search(c) for r in records for c in r.captions)
+    assert json.loads((tmp_path / "places" / "meta.json").read_text())["captions"] == "places"
+    assert data.score_captions("val", {r.image_id: r.captions[0] for r in records})["correctness"] == 1.0
+    with pytest.raises(ValueError, match=r"data.captions='where' must be one of relations, places"):
+        GridCaptions(str(tmp_path / "bad"), num_train=2, num_val=2, image_size=32, captions="where")
+
+
 @pytest.mark.parametrize("module", [GridCaptions, ShapesCaptions])
 def test_data_modules_score_correctness_and_relation_accuracy(module, tmp_path: Path) -> None:
     """Both generators' data modules report the two scores (and the count) through score_captions."""
@@ -274,7 +301,7 @@ def test_grid_composes_alone_and_with_the_shapes_preset() -> None:
     for given in (["data=grid"], ["experiment=caption_shapes", "data=grid"]):
         cfg = compose_train([*given, "paths.output_dir=/unused", "paths.data_dir=/unused"])
         assert cfg.data._target_ == "mmtx.data.synthetic.GridCaptions" and cfg.data.image_size == 64
-        assert cfg.data.root == "/unused/grid-8000-500-seed0"
+        assert cfg.data.root == "/unused/grid-relations-8000-500-seed0"
         HydraConfig.instance().set_config(cfg)
         try:
             check_train_config(cfg)  # builds the data module and the task without drawing
@@ -340,4 +367,4 @@ def test_a_bad_grid_setting_is_refused_naming_the_key(cli, tiny: list[str], data
     assert "Traceback" not in result.stderr
     problems = [line.strip() for line in result.stderr.splitlines() if "num_train" in line]
     assert problems == ["data.num_train=-1 must be an integer in [0, 9999999]"], cli.describe(result)
-    assert not (data_dir / "grid--1-20-seed0").exists()  # refused before anything is drawn
+    assert not (data_dir / "grid-relations--1-20-seed0").exists()  # refused before anything is drawn

@@ -44,7 +44,7 @@ class GeneratedSplits:
         num_val: int = 500,
         seed: int = 0,
         *,
-        per_image: dict[str, int],
+        per_image: dict[str, Any],
         draw: bool = True,
         **kwargs: Any,
     ) -> None:
@@ -78,8 +78,10 @@ class SceneCaptions(GeneratedSplits, CaptionDataModule):
 
     scenes: Callable[[Path, str], Mapping[int, ShapeScene]]
 
-    def __init__(self, root: str, *, captions_per_image: int = 5, **kwargs: Any) -> None:
-        super().__init__(root, per_image={"captions_per_image": captions_per_image}, **kwargs)
+    def __init__(
+        self, root: str, *, captions_per_image: int = 5, extra: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(root, per_image={"captions_per_image": captions_per_image, **(extra or {})}, **kwargs)
         self._scenes: dict[str, Mapping[int, ShapeScene]] = {}  # ground truth of each split's images, by id
 
     def score_captions(self, split: str, predictions: dict[int, str]) -> dict[str, float]:
@@ -112,6 +114,11 @@ class GridCaptions(SceneCaptions):
 
     generate, read, check = staticmethod(_generate_grid), staticmethod(read_coco_captions), staticmethod(grid_spec)
     scenes = staticmethod(grid_scenes)
+
+    def __init__(self, root: str, *, captions: str = "relations", **kwargs: Any) -> None:
+        """``captions``: ``relations`` (each caption states a relation where the scene has one)
+        or ``places`` (each says where every shape stands)."""
+        super().__init__(root, extra={"captions": captions}, **kwargs)
 
 
 class ShapesVqa(GeneratedSplits, VqaDataModule):

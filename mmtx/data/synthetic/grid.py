@@ -45,6 +45,8 @@ from PIL import Image
 from mmtx.data.captions.files import CaptionRecord, write_coco_captions
 from mmtx.data.synthetic.build import build_once
 from mmtx.data.synthetic.scenes import (
+    _COLUMN_WORDS,
+    _ROW_WORDS,
     COLORS,
     KINDS,
     MAX_SPLIT_SIZE,
@@ -57,6 +59,7 @@ from mmtx.data.synthetic.scenes import (
     drawn_rgb,
     image_id_of,
     image_rng,
+    noun_phrase,
     render,
     templated_caption,
 )
@@ -100,6 +103,11 @@ _PLAIN_TEMPLATES = {
     ),
 }
 
+# What the captions say: "relations" state a relation of a related pair where there is one;
+# "places" say where each shape stands ("a big red ball at the top left and ..."), which teaches
+# a captioner to find a named shape before it has to relate two (docs/learning.md).
+CAPTION_KINDS = ("relations", "places")
+
 _FORMAT = "mmtx-grid"
 _FORMAT_VERSION = 1  # bump when drawing or captioning changes, so cached data sets are rebuilt
 
@@ -131,7 +139,9 @@ def image_dims(long_side: int, aspect: tuple[int, int]) -> tuple[int, int]:
     return (long_side, round(long_side * ah / aw)) if aw >= ah else (round(long_side * aw / ah), long_side)
 
 
-def draw_grid_scene(rng: random.Random, num_captions: int = 5) -> tuple[Image.Image, list[str], GridScene]:
+def draw_grid_scene(
+    rng: random.Random, num_captions: int = 5, captions: str = "relations"
+) -> tuple[Image.Image, list[str], GridScene]:
     """Draw one random grid scene: (RGB image at its own size, `num_captions` captions, GridScene).
 
     Everything comes from `rng`, the scene first, so the same seed gives the same pixels and
@@ -139,13 +149,19 @@ def draw_grid_scene(rng: random.Random, num_captions: int = 5) -> tuple[Image.Im
     """
     scene = _sample_scene(rng)
     image = render(background(rng, scene.width, scene.height), scene.shapes)
-    return image, describe_grid_scene(scene, rng, num_captions), scene
+    return image, describe_grid_scene(scene, rng, num_captions, captions), scene
 
 
-def describe_grid_scene(scene: GridScene, rng: random.Random, num_captions: int = 5) -> list[str]:
+def describe_grid_scene(
+    scene: GridScene, rng: random.Random, num_captions: int = 5, captions: str = "relations"
+) -> list[str]:
     """Write `num_captions` distinct (where possible) lowercase captions for `scene`: each
-    states one of its relations, drawn at random, when it has any."""
+    states one of its relations, drawn at random, when it has any; with ``captions="places"``
+    each names every shape, in random order, with where it stands."""
     check_int("num_captions", num_captions, 1)
+    check_caption_kind(captions)
+    if captions == "places":
+        return [place_caption(scene, rng) for _ in range(num_captions)]
     relations = scene.relations()  # both orders of each related pair
     captions: list[str] = []
     attempts = 0
@@ -158,11 +174,28 @@ def describe_grid_scene(scene: GridScene, rng: random.Random, num_captions: int 
     return captions
 
 
-def check_spec(num_train: int, num_val: int, captions_per_image: int, **_: Any) -> None:
-    """Refuse counts `generate_grid` cannot draw, before anything is drawn."""
+def place_caption(scene: GridScene, rng: random.Random) -> str:
+    """ "a big red ball at the top left and a tiny blue box at the middle centre": every shape,
+    in random order, with its cell's row and column."""
+    order = list(range(len(scene.shapes)))
+    rng.shuffle(order)
+    return " and ".join(
+        f"a {noun_phrase(scene.shapes[k], rng)} at the {_ROW_WORDS[scene.cells[k][0]]} {_COLUMN_WORDS[scene.cells[k][1]]}"
+        for k in order
+    )
+
+
+def check_caption_kind(captions: str) -> None:
+    if captions not in CAPTION_KINDS:
+        raise ValueError(f"data.captions={captions!r} must be one of {', '.join(CAPTION_KINDS)}")
+
+
+def check_spec(num_train: int, num_val: int, captions_per_image: int, captions: str = "relations", **_: Any) -> None:
+    """Refuse counts and caption kinds `generate_grid` cannot draw, before anything is drawn."""
     check_int("num_train", num_train, 0, MAX_SPLIT_SIZE)
     check_int("num_val", num_val, 0, MAX_SPLIT_SIZE)
     check_int("captions_per_image", captions_per_image, 1)
+    check_caption_kind(captions)
 
 
 def generate_grid(
@@ -171,6 +204,7 @@ def generate_grid(
     num_val: int,
     seed: int = 0,
     captions_per_image: int = 5,
+    captions: str = "relations",
     draw: bool = True,
 ) -> dict[str, tuple[Path, Path]]:
     """Write (or reuse) a grid scenes data set under `root` in the official COCO captions format.
@@ -178,12 +212,13 @@ def generate_grid(
     The layout, caching and image ids are those of `mmtx.data.synthetic.shapes.generate_shapes`
     (``train/*.png``, ``val/*.png``, ``captions_{train,val}.json``, ``meta.json``), and each
     image is drawn from its own stream derived from (seed, split, index). The images keep their
-    own sizes, recorded in the annotation files. ``draw=False``: only reuse one already there.
+    own sizes, recorded in the annotation files. ``captions``: what they say (`CAPTION_KINDS`).
+    ``draw=False``: only reuse one already there.
 
     Returns {"train": (annotations_json, images_dir), "val": (annotations_json, images_dir)}.
     """
     root = Path(root)
-    check_spec(num_train, num_val, captions_per_image)
+    check_spec(num_train, num_val, captions_per_image, captions)
     meta = dict(
         format=_FORMAT,
         version=_FORMAT_VERSION,
@@ -191,6 +226,7 @@ def generate_grid(
         num_val=num_val,
         seed=seed,
         captions_per_image=captions_per_image,
+        captions=captions,
     )
     layout = {split: (root / f"captions_{split}.json", root / split) for split in SPLITS}
     build_once(root, meta, chain.from_iterable(layout.values()), _build, "grid scenes data set", draw)
@@ -258,7 +294,7 @@ def _build(staging: Path, meta: dict[str, Any]) -> None:
     records: dict[str, list[CaptionRecord]] = {split: [] for split in SPLITS}
     sizes: dict[int, tuple[int, int]] = {}
     for split, image_id, rng in drawn_images(staging, meta, "grid scenes"):
-        image, captions, _ = draw_grid_scene(rng, meta["captions_per_image"])
+        image, captions, _ = draw_grid_scene(rng, meta["captions_per_image"], meta["captions"])
         path = staging / split / f"{image_id:08d}.png"
         image.save(path, format="PNG", compress_level=1)
         records[split].append(CaptionRecord(image_id, path, tuple(captions)))

@@ -45,6 +45,9 @@ _RELATION_WORDS = {
     "below": ("below", "under", "beneath"),
 }
 
+# Where a grid scene's shape stands, by its cell's row and column ("at the top left").
+_ROW_WORDS, _COLUMN_WORDS = ("top", "middle", "bottom"), ("left", "centre", "right")
+
 _SQUARE_FILL = 0.85  # a square fills 85% of its box side, so its area is close to the circle's
 _COLOR_JITTER = 12  # per-channel jitter of the drawn colour, for a little realism
 _SUPERSAMPLE = 4  # draw at 4x and box-downsample: anti-aliased edges

@@ -15,7 +15,15 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import NamedTuple
 
-from mmtx.data.synthetic.scenes import _KIND_WORDS, _RELATION_WORDS, _SIZE_WORDS, COLORS, ShapeScene
+from mmtx.data.synthetic.scenes import (
+    _COLUMN_WORDS,
+    _KIND_WORDS,
+    _RELATION_WORDS,
+    _ROW_WORDS,
+    _SIZE_WORDS,
+    COLORS,
+    ShapeScene,
+)
 
 # The words of the generators' phrases, by meaning.
 _WORD = re.compile(r"[a-z0-9]+")  # lowercase words; punctuation only separates them
@@ -33,7 +41,7 @@ _CLAIM_WORDS = frozenset(
     | {"orange", "pink", "black", "gray", "grey", "brown", "cyan", "magenta", "violet", "gold", "silver"}
     | {"rectangle", "oval", "ellipse", "star", "diamond", "hexagon", "pentagon", "cube", "sphere", "dot"}
     | {"medium", "huge", "giant", "bigger", "smaller", "larger", "biggest", "smallest", "largest"}
-    | {"beside", "near", "next", "between", "behind", "inside", "top", "bottom"}
+    | {"beside", "near", "next", "between", "behind", "inside", *_ROW_WORDS, *_COLUMN_WORDS}
 )
 
 
@@ -43,7 +51,8 @@ def caption_is_correct(caption: str, scene: ShapeScene) -> bool:
 
     Words are read lowercase with punctuation ignored. A noun phrase is "SIZE COLOUR KIND"
     (with the generator's synonyms); a relation phrase (longest match first) must stand
-    between two noun phrases A ... r ... B and hold as ``scene.relation(A, B) == r``.
+    between two noun phrases A ... r ... B and hold as ``scene.relation(A, B) == r``; a place
+    right after a noun phrase ("at the top left") must be its shape's cell in a grid scene.
     Other words are free ("a", "there is", "on a dark background"), except words that
     claim something (`_CLAIM_WORDS`) outside a complete phrase: "a red ball" or "an orange
     box" are wrong, as is a relation with no shape on one side.
@@ -58,6 +67,10 @@ def caption_is_correct(caption: str, scene: ShapeScene) -> bool:
     for phrase in named:
         shape = scene.shapes[index[phrase.color]]
         if (phrase.size, phrase.kind) != (shape.size, shape.kind):
+            return False
+    cells = getattr(scene, "cells", None)  # only grid scenes have places to be judged by
+    for phrase, place in zip(items, items[1:]):
+        if isinstance(place, _Place) and (cells is None or cells[index[phrase.color]] != place.cell):
             return False
     return all(a is not None and b is not None and _holds(scene, index, a, rel, b) for a, rel, b in _stated(items))
 
@@ -114,6 +127,12 @@ def caption_correctness(predictions: Mapping[int, str], scenes: Mapping[int, Sha
     return caption_scores(predictions, scenes)["correctness"]
 
 
+class _Place(NamedTuple):
+    """A caption's "at the top left" after a noun phrase: the (row, column) of a grid cell."""
+
+    cell: tuple[int, int]
+
+
 class _NounPhrase(NamedTuple):
     """A caption's "big red ball", read back as (size, colour, kind) names of a `Shape`."""
 
@@ -122,9 +141,10 @@ class _NounPhrase(NamedTuple):
     kind: str
 
 
-def _parse_caption(caption: str) -> tuple[list[_NounPhrase | str], bool]:
-    """The noun phrases and relations ("left", ...) of `caption` in text order, and whether
-    a claiming word stands outside a complete phrase."""
+def _parse_caption(caption: str) -> tuple[list[_NounPhrase | _Place | str], bool]:
+    """The noun phrases, their places ("at the top left", right after a phrase) and relations
+    ("left", ...) of `caption` in text order, and whether a claiming word stands outside a
+    complete phrase."""
     words = _WORD.findall(caption.lower())
     items: list[_NounPhrase | str] = []
     stray = False
@@ -134,6 +154,10 @@ def _parse_caption(caption: str) -> tuple[list[_NounPhrase | str], bool]:
         if size in _SIZE_OF and color in COLORS and kind in _KIND_OF:
             items.append(_NounPhrase(_SIZE_OF[size], color, _KIND_OF[kind]))
             i += 3
+            at, the, row, column = (words[i : i + 4] + ["", "", "", ""])[:4]
+            if (at, the) == ("at", "the") and row in _ROW_WORDS and column in _COLUMN_WORDS:
+                items.append(_Place((_ROW_WORDS.index(row), _COLUMN_WORDS.index(column))))
+                i += 4
             continue
         length = next((n for n in _RELATION_LENGTHS if tuple(words[i : i + n]) in _RELATION_OF), 0)
         if length:
@@ -145,12 +169,14 @@ def _parse_caption(caption: str) -> tuple[list[_NounPhrase | str], bool]:
     return items, stray
 
 
-def _stated(items: list[_NounPhrase | str]) -> Iterator[tuple[_NounPhrase | None, str, _NounPhrase | None]]:
+def _stated(items: list[_NounPhrase | _Place | str]) -> Iterator[tuple[_NounPhrase | None, str, _NounPhrase | None]]:
     """Each relation of a parsed caption as (A, r, B): the noun phrases before and after it,
     None where there is none ("left of a big red ball": left of what?)."""
     subject: _NounPhrase | None = None
     pending: list[str] = []  # relations since `subject`, waiting for the next phrase
     for item in items:
+        if isinstance(item, _Place):
+            continue
         if isinstance(item, _NounPhrase):
             yield from ((subject, rel, item) for rel in pending)
             subject, pending = item, []
