@@ -335,7 +335,7 @@ def test_mmtx_train_on_grid_logs_correctness_and_relation_accuracy(
         "mmtx-train", *tiny, "data=grid", "logger=csv", "trainer.max_steps=3",
         "+callbacks.known._target_=tests.test_grid_scenes.ReferenceCaptions", f"hydra.run.dir={run}", cwd=tmp_path,
     )  # fmt: skip
-    root = data_dir / "grid-64-20-seed0"
+    root = data_dir / "grid-relations-64-20-seed0"
     records = read_coco_captions(root / "captions_val.json", root / "val")
     expected = caption_scores(
         {r.image_id: _known_caption(r.image_id, r.captions[0]) for r in records}, grid_scenes(root)
