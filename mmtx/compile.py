@@ -13,6 +13,8 @@ from mmtx.nn.blocks import TransformerBlock
 
 log = logging.getLogger("mmtx")
 
+RECOMPILE_LIMIT = 32
+
 
 class _CompiledUnlessCached:
     """A block's ``forward``: compiled for whole sequences, eager for cached decoding steps
@@ -46,4 +48,8 @@ class CompileBlocks(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self.enabled and stage == "fit":
+            # every block shares one code object, compiled once per kind of call: encoder or
+            # decoder, with or without gradients, training or frozen (`task.freeze`); more kinds
+            # than the compiler's default limit would leave the rest uncompiled
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
             log.info("torch.compile: %d transformer blocks", compile_blocks(pl_module.model, **self.options))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import random
+import warnings
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -16,7 +18,10 @@ from lightning.pytorch.strategies import FSDPStrategy
 from mmtx.checkpoint_keys import DATA_KEY, TASK_KEY
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.generation import GenerationConfig
+from mmtx.tasks.freezing import Freeze, apply_freeze, describe, eval_frozen
 from mmtx.tasks.optim import build_optimizer
+
+log = logging.getLogger(__name__)
 
 
 class Task(L.LightningModule):
@@ -37,8 +42,12 @@ class Task(L.LightningModule):
     # ``from_data`` for a new run, read back from the checkpoint when resuming
     data_arguments: tuple[str, ...] = ()
 
-    def __init__(self, *, tokenizer: str | None = None, data_config: dict | None = None) -> None:
-        """``tokenizer``: the tokenizer as JSON text (checkpoints carry it in the hyperparameters)."""
+    def __init__(
+        self, *, tokenizer: str | None = None, data_config: dict | None = None, freeze: dict | None = None
+    ) -> None:
+        """``tokenizer``: the tokenizer as JSON text (checkpoints carry it in the hyperparameters);
+        ``freeze``: the weights that do not train (:class:`mmtx.tasks.freezing.Freeze`), applied
+        by :meth:`freeze_weights` once the subclass has built its model."""
         super().__init__()
         # every subclass's arguments too (Lightning walks the __init__s); the data config goes to DATA_KEY
         self.save_hyperparameters(logger=False, ignore=["data_config"])
@@ -47,6 +56,28 @@ class Task(L.LightningModule):
         self.val_outputs: list[dict[str, Any]] = []  # what the validation steps collect
         self.metrics = {}
         self._step_sums: torch.Tensor | None = None  # (loss sum, items) of the optimizer step so far
+        self.freezing = Freeze.from_config(freeze)
+        self._frozen_count: tuple[int, int] | None = None
+
+    def freeze_weights(self) -> None:
+        """Freeze what ``task.freeze`` names (each task calls this once its model is built), so a
+        bad name is refused when the task is built, before any data is read."""
+        if self.freezing:
+            self._frozen_count = apply_freeze(self, self.freezing)
+            eval_frozen(self)
+
+    def train(self, mode: bool = True) -> Task:
+        """Train mode for all but the frozen modules, which stay in eval mode (:func:`eval_frozen`)."""
+        super().train(mode)
+        if mode and self.freezing:
+            eval_frozen(self)
+        return self
+
+    def on_fit_start(self) -> None:
+        if self._frozen_count is not None:
+            log.info(describe(*self._frozen_count, self.freezing))
+            # Lightning warns of modules in eval mode: the frozen ones are, on purpose
+            warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
 
     def check_text_length(self, tower: str, max_length: int) -> None:
         """The text tower ``model.<tower>`` must have positions for the data's ``max_length`` tokens."""

@@ -19,7 +19,8 @@ NO_DECAY_NAMES = ("pos_embed", "cls_token", "mask_token")
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on matrices only: not on biases, norms, positions or special tokens."""
+    """Weight decay on matrices only: not on biases, norms, positions or special tokens; frozen
+    parameters (``requires_grad=False``) in no group, so they get no optimizer state."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
@@ -28,10 +29,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
             no_decay.append(p)
         else:
             decay.append(p)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]  # a frozen model part can leave one empty
 
 
 def warmup_cosine(

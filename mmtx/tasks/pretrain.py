@@ -35,6 +35,7 @@ class PretrainTask(Task):
         rerank: with the contrastive loss on, retrieval ranks by contrastive similarity and
             re-scores each query's top ``rerank`` candidates with the alignment head (ALBEF);
             without it, every pair is scored by the alignment head.
+        freeze: the weights that do not train (:class:`mmtx.tasks.freezing.Freeze`).
     """
 
     def __init__(
@@ -49,9 +50,10 @@ class PretrainTask(Task):
         min_lr_ratio: float = 0.01,
         retrieval_images: int = 100,
         rerank: int = 16,
+        freeze: dict | None = None,
         data_config: dict | None = None,
     ) -> None:
-        super().__init__(tokenizer=tokenizer, data_config=data_config)
+        super().__init__(tokenizer=tokenizer, data_config=data_config, freeze=freeze)
         tok = self.tokenizer
         self.objectives = Objectives(**(objectives or {}))
         heads = [k for k in OBJECTIVES if getattr(self.objectives, k) > 0]  # the heads the losses use
@@ -70,6 +72,7 @@ class PretrainTask(Task):
         self.check_text_length("backbone.text", self.model.backbone.text.max_length)
         self._vision_rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self._captions_per_image: list[int] = []  # of the last retrieval evaluation
+        self.freeze_weights()
 
     def _log_losses(self, out: dict[str, torch.Tensor], stage: str, batch_size: int) -> None:
         # each process holds its share of the global batch's mean: their mean is that mean

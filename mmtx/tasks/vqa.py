@@ -40,6 +40,7 @@ class AnswerTask(Task):
         lr, weight_decay, betas: AdamW settings (no decay on biases, norms, positions).
         warmup_ratio, min_lr_ratio: linear warm-up over that share of the run's budget, then cosine
             decay to ``min_lr_ratio * lr``.
+        freeze: the weights that do not train (:class:`mmtx.tasks.freezing.Freeze`).
     """
 
     def __init__(
@@ -51,11 +52,13 @@ class AnswerTask(Task):
         betas: tuple[float, float] = (0.9, 0.98),
         warmup_ratio: float = 0.05,
         min_lr_ratio: float = 0.01,
+        freeze: dict | None = None,
         data_config: dict | None = None,
     ) -> None:
-        super().__init__(tokenizer=tokenizer, data_config=data_config)
+        super().__init__(tokenizer=tokenizer, data_config=data_config, freeze=freeze)
         self.model = instantiate(model, **self.model_arguments(self.tokenizer))
         self.check_text_length("backbone.text", self.model.backbone.text.max_length)
+        self.freeze_weights()
 
     def model_arguments(self, tok: Tokenizer) -> dict[str, Any]:
         """What the model config leaves to the data (vocabulary sizes, padding id), and the
