@@ -1,0 +1,219 @@
+"""Writing a captioner as a Hugging Face ``VisionEncoderDecoderModel`` (ViT + GPT-2) directory.
+
+The inverse of the importers (:mod:`mmtx.pretrained.vit`, :mod:`mmtx.pretrained.gpt2`): where
+the captioner's architecture is one transformers builds — a ViT with the linear patch map,
+learned positions and pre-norm blocks; a pre-norm decoder with learned positions, biases on its
+projections, cross-attention and a bias-free output layer — its tensors are renamed (and GPT-2's
+``Conv1D`` weights transposed) into the names ``save_pretrained`` writes, so that
+``VisionEncoderDecoderModel.from_pretrained(out)`` computes the same logits, and
+``AutoTokenizer`` / ``AutoImageProcessor`` read the tokenizer and the image preprocessing from
+the same directory. transformers is not needed to write it. Anything else is refused, naming
+each setting that does not map.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import Tensor
+
+from mmtx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from mmtx.export import ExportError, model_config
+from mmtx.file_modes import as_created
+from mmtx.models.captioner import ImageCaptioner
+from mmtx.models.decoder import CaptionDecoder
+from mmtx.models.vit import VisionEncoder
+
+# mmtx activation -> the name transformers' configs give it
+_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
+_VIT_BLOCK = {  # ours -> ViT's, under encoder.encoder.layer.{i}.
+    "norm1": "layernorm_before", "attn.proj": "attention.output.dense", "norm2": "layernorm_after",
+    "mlp.fc1": "intermediate.dense", "mlp.fc2": "output.dense",
+}  # fmt: skip
+_GPT2_BLOCK = {  # ours -> GPT-2's, under decoder.transformer.h.{i}.; projections are Conv1D: transposed
+    "norm1": "ln_1", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "norm2": "ln_2",
+    "mlp.fc1": "mlp.c_fc", "mlp.fc2": "mlp.c_proj", "norm_cross": "ln_cross_attn",
+    "cross_attn.q": "crossattention.q_attn", "cross_attn.kv": "crossattention.c_attn",
+    "cross_attn.proj": "crossattention.c_proj",
+}  # fmt: skip
+
+
+def _arguments(cls: type, config: dict[str, Any]) -> dict[str, Any]:
+    """``config``'s constructor arguments of ``cls``, its defaults filled in."""
+    defaults = {
+        name: p.default
+        for name, p in inspect.signature(cls).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+    return {**defaults, **{k: v for k, v in config.items() if k != "_target_"}}
+
+
+def _encoder_problems(enc: dict[str, Any]) -> list[str]:
+    wanted = {"stem": "patch", "pos_embed": "learned", "norm_first": True}
+    problems = [f"model.encoder.{k}={enc[k]!r} (transformers' ViT: {v!r})" for k, v in wanted.items() if enc[k] != v]
+    if enc["activation"] not in _ACTIVATIONS:
+        problems.append(f"model.encoder.activation={enc['activation']!r}")
+    return problems
+
+
+def _decoder_problems(dec: dict[str, Any], encoder_dim: int) -> list[str]:
+    wanted = {"norm_first": True, "pos_embed": "learned", "qkv_bias": True, "type_vocab_size": 0,
+              "embed_norm": False, "head_transform": False, "head_bias": False}  # fmt: skip
+    problems = [f"model.decoder.{k}={dec[k]!r} (GPT-2: {v!r})" for k, v in wanted.items() if dec[k] != v]
+    if dec["activation"] not in _ACTIVATIONS:
+        problems.append(f"model.decoder.activation={dec['activation']!r}")
+    if encoder_dim > dec["dim"]:
+        problems.append(
+            f"model.encoder.dim={encoder_dim} is wider than model.decoder.dim={dec['dim']} "
+            "(GPT-2's cross-attention reads its own width, through one projection of the encoder's tokens)"
+        )
+    return problems
+
+
+def _vit_tensors(encoder: VisionEncoder, image_size: int) -> dict[str, Tensor]:
+    """The ViT's tensors, its positions for images of ``image_size`` (resampled as mmtx would)."""
+    s = encoder.state_dict()
+    dim = encoder.dim
+    with torch.no_grad():
+        positions = encoder.positions(encoder.patch_embed.grid(image_size, image_size)).detach()
+    out = {
+        "encoder.embeddings.cls_token": s["cls_token"],
+        "encoder.embeddings.position_embeddings": positions,
+        "encoder.embeddings.patch_embeddings.projection.weight": s["patch_embed.proj.weight"],
+        "encoder.embeddings.patch_embeddings.projection.bias": s["patch_embed.proj.bias"],
+        "encoder.layernorm.weight": s["norm.weight"],
+        "encoder.layernorm.bias": s["norm.bias"],
+        # the pooler: transformers builds one, captioning never reads it
+        "encoder.pooler.dense.weight": torch.zeros(dim, dim, dtype=s["norm.weight"].dtype),
+        "encoder.pooler.dense.bias": torch.zeros(dim, dtype=s["norm.weight"].dtype),
+    }
+    for i in range(len(encoder.blocks)):
+        at = f"encoder.encoder.layer.{i}."
+        for ours, theirs in _VIT_BLOCK.items():
+            for param in ("weight", "bias"):
+                out[f"{at}{theirs}.{param}"] = s[f"blocks.{i}.{ours}.{param}"]
+        qkv = s[f"blocks.{i}.attn.qkv.weight"].chunk(3)
+        biases = s[f"blocks.{i}.attn.qkv.bias"].chunk(3) if f"blocks.{i}.attn.qkv.bias" in s else None
+        for j, role in enumerate(("query", "key", "value")):
+            out[f"{at}attention.attention.{role}.weight"] = qkv[j]
+            if biases is not None:
+                out[f"{at}attention.attention.{role}.bias"] = biases[j]
+    return out
+
+
+def _gpt2_tensors(decoder: CaptionDecoder, tied: bool) -> dict[str, Tensor]:
+    s = decoder.state_dict()
+    out = {
+        "decoder.transformer.wte.weight": s["body.token_embed.weight"],
+        "decoder.transformer.wpe.weight": s["body.pos_embed.weight"],
+        "decoder.transformer.ln_f.weight": s["body.norm.weight"],
+        "decoder.transformer.ln_f.bias": s["body.norm.bias"],
+    }
+    if not tied:
+        out["decoder.lm_head.weight"] = s["lm_head.weight"]
+    dim, context = decoder.body.dim, decoder.context_dim
+    for i in range(len(decoder.body.blocks)):
+        for ours, theirs in _GPT2_BLOCK.items():
+            weight, bias = s[f"body.blocks.{i}.{ours}.weight"], s[f"body.blocks.{i}.{ours}.bias"]
+            if ours == "cross_attn.kv" and context < dim:  # reads the padded projection (see export_hf)
+                weight = torch.cat([weight, weight.new_zeros(weight.shape[0], dim - context)], dim=1)
+            is_norm = ours.startswith("norm")
+            out[f"decoder.transformer.h.{i}.{theirs}.weight"] = weight if is_norm else weight.t()
+            out[f"decoder.transformer.h.{i}.{theirs}.bias"] = bias
+    return out
+
+
+def export_hf(task: Any, out: str | Path) -> Path:
+    """Write the captioner of ``task`` (what :func:`mmtx.checkpoint.load_task` returns) into
+    ``out`` as transformers writes a ``VisionEncoderDecoderModel`` (ViT + GPT-2): its weights,
+    ``config.json``, ``generation_config.json``, the tokenizer (``tokenizer.json`` and
+    ``tokenizer_config.json``) and ``preprocessor_config.json``. Refuses, naming every setting
+    that does not map, a model of another kind or architecture."""
+    model = task.model
+    if not isinstance(model, ImageCaptioner):
+        raise ExportError(
+            f"format=hf writes captioners (ImageCaptioner) as VisionEncoderDecoderModel; this checkpoint holds a "
+            f"{type(model).__name__}"
+        )
+    config = model_config(task.hparams["model"], model)
+    enc = _arguments(VisionEncoder, config["encoder"])
+    dec = _arguments(CaptionDecoder, config["decoder"])
+    problems = _encoder_problems(enc) + _decoder_problems(dec, enc["dim"])
+    if problems:
+        raise ExportError("format=hf: transformers' ViT + GPT-2 cannot represent " + "; ".join(problems))
+    tok = task.tokenizer
+    tied = model.decoder.lm_head.weight is model.decoder.body.token_embed.weight
+    # the size it was trained at: transformers' ViT takes one size, the positions are for its grid
+    image_size = (getattr(task, "data_config", None) or {}).get("image_size") or enc["image_size"]
+    tensors = {**_vit_tensors(model.encoder, image_size), **_gpt2_tensors(model.decoder, tied)}
+    if enc["dim"] != dec["dim"]:  # transformers projects the encoder's tokens to the decoder's width
+        # the encoder's features in the first channels, zeros after: exactly what mmtx's
+        # cross-attention reads, through the zero-padded key/value map above
+        dtype = tensors["decoder.transformer.wte.weight"].dtype
+        tensors["enc_to_dec_proj.weight"] = torch.eye(dec["dim"], enc["dim"], dtype=dtype)
+        tensors["enc_to_dec_proj.bias"] = torch.zeros(dec["dim"], dtype=dtype)
+
+    special = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
+    encoder_config = {
+        "model_type": "vit", "hidden_size": enc["dim"], "num_hidden_layers": enc["depth"],
+        "num_attention_heads": enc["num_heads"], "intermediate_size": int(enc["dim"] * enc["mlp_ratio"]),
+        "hidden_act": _ACTIVATIONS[enc["activation"]], "hidden_dropout_prob": enc["dropout"],
+        "attention_probs_dropout_prob": enc["attn_dropout"], "layer_norm_eps": enc["norm_eps"],
+        "image_size": image_size, "patch_size": enc["patch_size"], "num_channels": enc["in_chans"],
+        "qkv_bias": enc["qkv_bias"],
+    }  # fmt: skip
+    decoder_config = {
+        "model_type": "gpt2", "vocab_size": tok.vocab_size, "n_positions": dec["max_length"], "n_embd": dec["dim"],
+        "n_layer": dec["depth"], "n_head": dec["num_heads"], "n_inner": int(dec["dim"] * dec["mlp_ratio"]),
+        "activation_function": _ACTIVATIONS[dec["activation"]], "resid_pdrop": dec["dropout"],
+        "embd_pdrop": dec["dropout"], "attn_pdrop": dec["attn_dropout"], "layer_norm_epsilon": dec["norm_eps"],
+        "add_cross_attention": True, "is_decoder": True, "tie_word_embeddings": tied, **special,
+    }  # fmt: skip
+    generation = task.generation
+    document = {
+        "architectures": ["VisionEncoderDecoderModel"],
+        "model_type": "vision-encoder-decoder",
+        "is_encoder_decoder": True,
+        "tie_word_embeddings": False,  # the encoder and decoder share nothing; GPT-2's own tie is its config's
+        "encoder": encoder_config,
+        "decoder": decoder_config,
+        "decoder_start_token_id": tok.bos_id,
+        **special,
+    }
+    generation_config = {
+        "decoder_start_token_id": tok.bos_id, **special, "max_length": dec["max_length"],
+        "num_beams": generation.num_beams, "length_penalty": generation.length_penalty,
+    }  # fmt: skip
+    backend = tok.backend
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": dec["max_length"],
+        **{f"{role}_token": backend.id_to_token(i) for role, i in
+           (("bos", tok.bos_id), ("eos", tok.eos_id), ("pad", tok.pad_id), ("unk", tok.unk_id))},
+    }  # fmt: skip
+    preprocessor = {
+        "image_processor_type": "ViTImageProcessor", "do_resize": True,
+        "size": {"height": image_size, "width": image_size},
+        "resample": 3, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+        "image_mean": list(IMAGENET_MEAN), "image_std": list(IMAGENET_STD),
+    }  # fmt: skip
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, out / "model.safetensors", metadata={"format": "pt"})
+    as_created(out / "model.safetensors")
+    for name, value in (
+        ("config.json", document),
+        ("generation_config.json", generation_config),
+        ("tokenizer_config.json", tokenizer_config),
+        ("preprocessor_config.json", preprocessor),
+    ):
+        (out / name).write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
+    backend.save(str(out / "tokenizer.json"))
+    as_created(out / "tokenizer.json")
+    return out
