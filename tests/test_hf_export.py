@@ -54,10 +54,16 @@ def assert_same_captions(task: CaptionTask, hf: torch.nn.Module, images: torch.T
         assert a[:stop] == b[:stop]
 
 
-def test_a_captioner_trained_in_mmtx_gives_the_same_logits_and_captions(tmp_path: Path) -> None:
+BERT_STYLE = ["+model.decoder.norm_first=false", "+model.decoder.embed_norm=true", "+model.decoder.type_vocab_size=2",
+              "+model.decoder.head_transform=true", "+model.decoder.head_bias=true"]  # fmt: skip
+
+
+@pytest.mark.parametrize("decoder", [[], BERT_STYLE], ids=["gpt2", "bert"])
+def test_a_captioner_trained_in_mmtx_gives_the_same_logits_and_captions(tmp_path: Path, decoder: list[str]) -> None:
     tokenizer = Tokenizer.train(TEXTS, vocab_size=60)
     torch.manual_seed(0)
-    task = CaptionTask(tiny_model_config(*MAPPABLE), tokenizer.to_str(), generation={"max_new_tokens": 6}).eval()
+    model = tiny_model_config(*MAPPABLE, *decoder)
+    task = CaptionTask(model, tokenizer.to_str(), generation={"max_new_tokens": 6}).eval()
     randomize(task.model, seed=3)
     out = export_hf(task, tmp_path / "hf")
     hf = loaded(out)
@@ -75,12 +81,19 @@ def test_a_captioner_trained_in_mmtx_gives_the_same_logits_and_captions(tmp_path
     assert processor.size == {"height": 32, "width": 32}
 
 
-def test_a_transformers_model_imported_and_exported_again_is_itself(tmp_path: Path) -> None:
-    """transformers -> mmtx (model=caption_pretrained's loaders) -> format=hf -> transformers."""
+@pytest.mark.parametrize("decoder_kind", ["gpt2", "bert"])
+def test_a_transformers_model_imported_and_exported_again_is_itself(tmp_path: Path, decoder_kind: str) -> None:
+    """transformers -> mmtx (model=caption_pretrained's loaders) -> format=hf -> transformers, with
+    a GPT-2 or a BERT decoder."""
     tokenizer = Tokenizer.train(TEXTS, vocab_size=60)
     encoder = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                      intermediate_size=64, image_size=32, patch_size=8)  # fmt: skip
-    decoder = transformers.GPT2Config(vocab_size=tokenizer.vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=24)
+    decoder = (
+        transformers.GPT2Config(vocab_size=tokenizer.vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=24)
+        if decoder_kind == "gpt2"
+        else transformers.BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=48, max_position_embeddings=24)
+    )  # fmt: skip
     config = transformers.VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
     torch.manual_seed(0)
     reference = transformers.VisionEncoderDecoderModel(config=config).eval()
@@ -110,7 +123,8 @@ def test_a_transformers_model_imported_and_exported_again_is_itself(tmp_path: Pa
         ([*MAPPABLE, "model.encoder.pos_embed=sinusoidal", "model.decoder.pos_embed=rope"],
          ["model.encoder.pos_embed='sinusoidal'", "model.decoder.pos_embed='rope'"]),
         ([*MAPPABLE, "model.encoder.dim=48"], ["model.encoder.dim=48 is wider than model.decoder.dim=32"]),
-        ([*MAPPABLE, "+model.decoder.norm_first=false"], ["model.decoder.norm_first=False"]),
+        ([*MAPPABLE, "+model.decoder.norm_first=false"],
+         ["ViT + BERT cannot", "model.decoder.embed_norm=False (BERT: True)", "model.decoder.type_vocab_size=0"]),
     ],
 )  # fmt: skip
 def test_what_does_not_map_is_refused_by_name(tmp_path: Path, overrides: list[str], named: list[str]) -> None:

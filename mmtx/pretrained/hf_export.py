@@ -1,10 +1,11 @@
-"""Writing a captioner as a Hugging Face ``VisionEncoderDecoderModel`` (ViT + GPT-2) directory.
+"""Writing a captioner as a Hugging Face ``VisionEncoderDecoderModel`` (ViT + GPT-2 or BERT) directory.
 
-The inverse of the importers (:mod:`mmtx.pretrained.vit`, :mod:`mmtx.pretrained.gpt2`): where
-the captioner's architecture is one transformers builds — a ViT with the linear patch map,
-learned positions and pre-norm blocks; a pre-norm decoder with learned positions, biases on its
-projections, cross-attention and a bias-free output layer — its tensors are renamed (and GPT-2's
-``Conv1D`` weights transposed) into the names ``save_pretrained`` writes, so that
+The inverse of the importers (:mod:`mmtx.pretrained.vit`, :mod:`mmtx.pretrained.gpt2`,
+:mod:`mmtx.pretrained.bert`): where the captioner's architecture is one transformers builds — a
+ViT with the linear patch map, learned positions and pre-norm blocks; a decoder with learned
+positions and cross-attention that is GPT-2 (pre-norm, a bias-free output layer) or BERT
+(post-norm, token types, normalised embeddings, a prediction transform) — its tensors are renamed
+(GPT-2's ``Conv1D`` weights transposed, fused projections split) into the names ``save_pretrained`` writes, so that
 ``VisionEncoderDecoderModel.from_pretrained(out)`` computes the same logits, and
 ``AutoTokenizer`` / ``AutoImageProcessor`` read the tokenizer and the image preprocessing from
 the same directory. transformers is not needed to write it. Anything else is refused, naming
@@ -28,6 +29,8 @@ from mmtx.file_modes import as_created
 from mmtx.models.captioner import ImageCaptioner
 from mmtx.models.decoder import CaptionDecoder
 from mmtx.models.vit import VisionEncoder
+from mmtx.pretrained.bert import CROSS as BERT_CROSS
+from mmtx.pretrained.bert import LAYER as BERT_LAYER
 
 # mmtx activation -> the name transformers' configs give it
 _ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
@@ -61,18 +64,36 @@ def _encoder_problems(enc: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _decoder_problems(dec: dict[str, Any], encoder_dim: int) -> list[str]:
-    wanted = {"norm_first": True, "pos_embed": "learned", "qkv_bias": True, "type_vocab_size": 0,
-              "embed_norm": False, "head_transform": False, "head_bias": False}  # fmt: skip
-    problems = [f"model.decoder.{k}={dec[k]!r} (GPT-2: {v!r})" for k, v in wanted.items() if dec[k] != v]
+# what each decoder kind of transformers is, in CaptionDecoder's arguments
+_DECODERS = {
+    "GPT-2": {"norm_first": True, "pos_embed": "learned", "qkv_bias": True, "type_vocab_size": 0,
+              "embed_norm": False, "head_transform": False, "head_bias": False},
+    "BERT": {"norm_first": False, "pos_embed": "learned", "qkv_bias": True, "embed_norm": True,
+             "head_transform": True, "head_bias": True},
+}  # fmt: skip
+
+
+def _decoder_kind(dec: dict[str, Any], encoder_dim: int) -> tuple[str, list[str]]:
+    """Which of transformers' decoders the decoder is (post-norm: BERT, else GPT-2), and what
+    does not map to it."""
+    kind = "GPT-2" if dec["norm_first"] else "BERT"
+    problems = [f"model.decoder.{k}={dec[k]!r} ({kind}: {v!r})" for k, v in _DECODERS[kind].items() if dec[k] != v]
+    if kind == "BERT" and dec["type_vocab_size"] < 1:
+        problems.append("model.decoder.type_vocab_size=0 (BERT: token types)")
     if dec["activation"] not in _ACTIVATIONS:
         problems.append(f"model.decoder.activation={dec['activation']!r}")
     if encoder_dim > dec["dim"]:
         problems.append(
             f"model.encoder.dim={encoder_dim} is wider than model.decoder.dim={dec['dim']} "
-            "(GPT-2's cross-attention reads its own width, through one projection of the encoder's tokens)"
+            f"({kind}'s cross-attention reads its own width, through one projection of the encoder's tokens)"
         )
-    return problems
+    return kind, problems
+
+
+def _padded_context(weight: Tensor, dim: int) -> Tensor:
+    """A cross-attention key/value map (out, context) reading ``dim`` >= context channels: zeros
+    for the channels transformers' projection of a narrower encoder leaves empty (see export_hf)."""
+    return torch.cat([weight, weight.new_zeros(weight.shape[0], dim - weight.shape[1])], dim=1)
 
 
 def _vit_tensors(encoder: VisionEncoder, image_size: int) -> dict[str, Tensor]:
@@ -116,21 +137,63 @@ def _gpt2_tensors(decoder: CaptionDecoder, tied: bool) -> dict[str, Tensor]:
     }
     if not tied:
         out["decoder.lm_head.weight"] = s["lm_head.weight"]
-    dim, context = decoder.body.dim, decoder.context_dim
+    dim = decoder.body.dim
     for i in range(len(decoder.body.blocks)):
         for ours, theirs in _GPT2_BLOCK.items():
             weight, bias = s[f"body.blocks.{i}.{ours}.weight"], s[f"body.blocks.{i}.{ours}.bias"]
-            if ours == "cross_attn.kv" and context < dim:  # reads the padded projection (see export_hf)
-                weight = torch.cat([weight, weight.new_zeros(weight.shape[0], dim - context)], dim=1)
+            if ours == "cross_attn.kv":
+                weight = _padded_context(weight, dim)
             is_norm = ours.startswith("norm")
             out[f"decoder.transformer.h.{i}.{theirs}.weight"] = weight if is_norm else weight.t()
             out[f"decoder.transformer.h.{i}.{theirs}.bias"] = bias
     return out
 
 
+def _bert_tensors(decoder: CaptionDecoder, tied: bool) -> dict[str, Tensor]:
+    s = decoder.state_dict()
+    body, head = "decoder.bert.", "decoder.cls.predictions."
+    out = {
+        f"{body}embeddings.word_embeddings.weight": s["body.token_embed.weight"],
+        f"{body}embeddings.position_embeddings.weight": s["body.pos_embed.weight"],
+        f"{body}embeddings.token_type_embeddings.weight": s["body.type_embed.weight"],
+        f"{body}embeddings.LayerNorm.weight": s["body.embed_norm.weight"],
+        f"{body}embeddings.LayerNorm.bias": s["body.embed_norm.bias"],
+        f"{head}transform.dense.weight": s["head_transform.0.weight"],
+        f"{head}transform.dense.bias": s["head_transform.0.bias"],
+        f"{head}transform.LayerNorm.weight": s["head_transform.2.weight"],
+        f"{head}transform.LayerNorm.bias": s["head_transform.2.bias"],
+        f"{head}bias": s["lm_head.bias"],
+    }
+    if not tied:
+        out[f"{head}decoder.weight"] = s["lm_head.weight"]
+    dim = decoder.body.dim
+    for i in range(len(decoder.body.blocks)):
+        ours, theirs = f"body.blocks.{i}.", f"{body}encoder.layer.{i}."
+        for param in ("weight", "bias"):
+            for name, their_name in {**BERT_LAYER, **BERT_CROSS}.items():
+                out[f"{theirs}{their_name}.{param}"] = s[f"{ours}{name}.{param}"]
+            for role, t in zip(("query", "key", "value"), s[f"{ours}attn.qkv.{param}"].chunk(3)):
+                out[f"{theirs}attention.self.{role}.{param}"] = t
+            kv = s[f"{ours}cross_attn.kv.{param}"]
+            for role, t in zip(("key", "value"), (_padded_context(kv, dim) if param == "weight" else kv).chunk(2)):
+                out[f"{theirs}crossattention.self.{role}.{param}"] = t
+    return out
+
+
+def _bert_config(dec: dict[str, Any], vocab_size: int) -> dict[str, Any]:
+    return {
+        "model_type": "bert", "vocab_size": vocab_size, "hidden_size": dec["dim"], "num_hidden_layers": dec["depth"],
+        "num_attention_heads": dec["num_heads"], "intermediate_size": int(dec["dim"] * dec["mlp_ratio"]),
+        "hidden_act": _ACTIVATIONS[dec["activation"]], "hidden_dropout_prob": dec["dropout"],
+        "attention_probs_dropout_prob": dec["attn_dropout"], "max_position_embeddings": dec["max_length"],
+        "type_vocab_size": dec["type_vocab_size"], "layer_norm_eps": dec["norm_eps"],
+        "position_embedding_type": "absolute",
+    }  # fmt: skip
+
+
 def export_hf(task: Any, out: str | Path) -> Path:
     """Write the captioner of ``task`` (what :func:`mmtx.checkpoint.load_task` returns) into
-    ``out`` as transformers writes a ``VisionEncoderDecoderModel`` (ViT + GPT-2): its weights,
+    ``out`` as transformers writes a ``VisionEncoderDecoderModel`` (ViT + GPT-2 or BERT): its weights,
     ``config.json``, ``generation_config.json``, the tokenizer (``tokenizer.json`` and
     ``tokenizer_config.json``) and ``preprocessor_config.json``. Refuses, naming every setting
     that does not map, a model of another kind or architecture."""
@@ -143,18 +206,20 @@ def export_hf(task: Any, out: str | Path) -> Path:
     config = model_config(task.hparams["model"], model)
     enc = _arguments(VisionEncoder, config["encoder"])
     dec = _arguments(CaptionDecoder, config["decoder"])
-    problems = _encoder_problems(enc) + _decoder_problems(dec, enc["dim"])
+    kind, problems = _decoder_kind(dec, enc["dim"])
+    problems = _encoder_problems(enc) + problems
     if problems:
-        raise ExportError("format=hf: transformers' ViT + GPT-2 cannot represent " + "; ".join(problems))
+        raise ExportError(f"format=hf: transformers' ViT + {kind} cannot represent " + "; ".join(problems))
     tok = task.tokenizer
     tied = model.decoder.lm_head.weight is model.decoder.body.token_embed.weight
     # the size it was trained at: transformers' ViT takes one size, the positions are for its grid
     image_size = (getattr(task, "data_config", None) or {}).get("image_size") or enc["image_size"]
-    tensors = {**_vit_tensors(model.encoder, image_size), **_gpt2_tensors(model.decoder, tied)}
+    decoder_tensors = _gpt2_tensors if kind == "GPT-2" else _bert_tensors
+    tensors = {**_vit_tensors(model.encoder, image_size), **decoder_tensors(model.decoder, tied)}
     if enc["dim"] != dec["dim"]:  # transformers projects the encoder's tokens to the decoder's width
         # the encoder's features in the first channels, zeros after: exactly what mmtx's
         # cross-attention reads, through the zero-padded key/value map above
-        dtype = tensors["decoder.transformer.wte.weight"].dtype
+        dtype = model.decoder.body.token_embed.weight.dtype
         tensors["enc_to_dec_proj.weight"] = torch.eye(dec["dim"], enc["dim"], dtype=dtype)
         tensors["enc_to_dec_proj.bias"] = torch.zeros(dec["dim"], dtype=dtype)
 
@@ -167,13 +232,13 @@ def export_hf(task: Any, out: str | Path) -> Path:
         "image_size": image_size, "patch_size": enc["patch_size"], "num_channels": enc["in_chans"],
         "qkv_bias": enc["qkv_bias"],
     }  # fmt: skip
-    decoder_config = {
+    decoder_config = _bert_config(dec, tok.vocab_size) if kind == "BERT" else {
         "model_type": "gpt2", "vocab_size": tok.vocab_size, "n_positions": dec["max_length"], "n_embd": dec["dim"],
         "n_layer": dec["depth"], "n_head": dec["num_heads"], "n_inner": int(dec["dim"] * dec["mlp_ratio"]),
         "activation_function": _ACTIVATIONS[dec["activation"]], "resid_pdrop": dec["dropout"],
         "embd_pdrop": dec["dropout"], "attn_pdrop": dec["attn_dropout"], "layer_norm_epsilon": dec["norm_eps"],
-        "add_cross_attention": True, "is_decoder": True, "tie_word_embeddings": tied, **special,
     }  # fmt: skip
+    decoder_config |= {"add_cross_attention": True, "is_decoder": True, "tie_word_embeddings": tied, **special}
     generation = task.generation
     document = {
         "architectures": ["VisionEncoderDecoderModel"],
