@@ -27,6 +27,7 @@ from mmtx.stored_config import (
     check_tokenizer_json,
     stored_class,
 )
+from mmtx.tasks.lora import adapted_names, plain_state
 
 log = logging.getLogger(__name__)
 
@@ -296,13 +297,18 @@ def init_from(
     prefix matches are compared as they are. ``new_tokens`` maps the ids the run's vocabulary
     adds to the checkpoint's (appended after them) to the old ids that spelled each
     (`mmtx.data.tokenizer.spellings`): every tensor indexed by the vocabulary grows by those
-    rows, each the mean of its pieces' rows (Gee et al. 2022's vocabulary transfer). Returns
+    rows, each the mean of its pieces' rows (Gee et al. 2022's vocabulary transfer). From and
+    to runs with low-rank adapters (``task.lora``): a LoRA checkpoint's adapters are folded into
+    plain weights, and plain weights go under an adapted layer's ``base_layer``. Returns
     (loaded, left as initialised) names.
     """
     state = ckpt.get("state_dict", ckpt)
+    hparams = ckpt.get("hyper_parameters") if "state_dict" in ckpt else None
+    state = plain_state(state, (hparams or {}).get("lora"))  # a LoRA run's adapters folded in
     for old, new in (renames or {}).items():
         state = {new + k[len(old) :] if k.startswith(old) else k: v for k, v in state.items()}
     own = module.state_dict()
+    state = adapted_names(state, own)  # into a LoRA run: the plain weights under its layers
     if new_tokens:
         state = _grow_vocabulary_rows(state, own, new_tokens)
     loaded = [k for k, v in state.items() if k in own and own[k].shape == v.shape]

@@ -40,6 +40,7 @@ from mmtx.stored_config import (
     check_tokenizer_json,
     stored_class,
 )
+from mmtx.tasks.lora import merge_adapters
 
 __all__ = ["ExportError", "Exported", "export", "export_task", "load_exported", "model_config", "task_from_export"]
 
@@ -88,7 +89,9 @@ def export(model: nn.Module, tokenizer: Tokenizer, out: str | Path, config: Mapp
 
 def export_task(task: Any, out: str | Path) -> Path:
     """Export a trained mmtx task (what :func:`mmtx.checkpoint.load_task` returns): its model,
-    tokenizer, the image size it was trained at, its decoding settings and answer vocabulary."""
+    tokenizer, the image size it was trained at, its decoding settings and answer vocabulary.
+    Low-rank adapters (``task.lora``) are merged into the weights first (in place)."""
+    merge_adapters(task)
     model = task.model
     info: dict[str, Any] = {"task": f"{type(task).__module__}.{type(task).__qualname__}"}
     vision = _vision_tower(model)

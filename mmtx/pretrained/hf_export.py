@@ -31,6 +31,7 @@ from mmtx.models.decoder import CaptionDecoder
 from mmtx.models.vit import VisionEncoder
 from mmtx.pretrained.bert import CROSS as BERT_CROSS
 from mmtx.pretrained.bert import LAYER as BERT_LAYER
+from mmtx.tasks.lora import merge_adapters
 
 # mmtx activation -> the name transformers' configs give it
 _ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
@@ -196,7 +197,9 @@ def export_hf(task: Any, out: str | Path) -> Path:
     ``out`` as transformers writes a ``VisionEncoderDecoderModel`` (ViT + GPT-2 or BERT): its weights,
     ``config.json``, ``generation_config.json``, the tokenizer (``tokenizer.json`` and
     ``tokenizer_config.json``) and ``preprocessor_config.json``. Refuses, naming every setting
-    that does not map, a model of another kind or architecture."""
+    that does not map, a model of another kind or architecture. Low-rank adapters
+    (``task.lora``) are merged into the weights first (in place)."""
+    merge_adapters(task)
     model = task.model
     if not isinstance(model, ImageCaptioner):
         raise ExportError(

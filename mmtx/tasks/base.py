@@ -19,6 +19,7 @@ from mmtx.checkpoint_keys import DATA_KEY, TASK_KEY
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.generation import GenerationConfig
 from mmtx.tasks.freezing import Freeze, apply_freeze, describe, eval_frozen
+from mmtx.tasks.lora import Lora, add_adapters, count_trainable
 from mmtx.tasks.optim import build_optimizer
 
 log = logging.getLogger(__name__)
@@ -43,11 +44,17 @@ class Task(L.LightningModule):
     data_arguments: tuple[str, ...] = ()
 
     def __init__(
-        self, *, tokenizer: str | None = None, data_config: dict | None = None, freeze: dict | None = None
+        self,
+        *,
+        tokenizer: str | None = None,
+        data_config: dict | None = None,
+        freeze: dict | None = None,
+        lora: dict | None = None,
     ) -> None:
         """``tokenizer``: the tokenizer as JSON text (checkpoints carry it in the hyperparameters);
-        ``freeze``: the weights that do not train (:class:`mmtx.tasks.freezing.Freeze`), applied
-        by :meth:`freeze_weights` once the subclass has built its model."""
+        ``freeze``: the weights that do not train (:class:`mmtx.tasks.freezing.Freeze`) and
+        ``lora``: low-rank adapters (:class:`mmtx.tasks.lora.Lora`), both applied by
+        :meth:`choose_trainable` once the subclass has built its model."""
         super().__init__()
         # every subclass's arguments too (Lightning walks the __init__s); the data config goes to DATA_KEY
         self.save_hyperparameters(logger=False, ignore=["data_config"])
@@ -57,25 +64,41 @@ class Task(L.LightningModule):
         self.metrics = {}
         self._step_sums: torch.Tensor | None = None  # (loss sum, items) of the optimizer step so far
         self.freezing = Freeze.from_config(freeze)
-        self._frozen_count: tuple[int, int] | None = None
+        self.lora = Lora.from_config(lora)
+        self._trainable_notes: list[str] = []  # logged when training starts
 
-    def freeze_weights(self) -> None:
-        """Freeze what ``task.freeze`` names (each task calls this once its model is built), so a
-        bad name is refused when the task is built, before any data is read."""
+    def choose_trainable(self) -> None:
+        """Freeze what ``task.freeze`` names, then add ``task.lora``'s adapters (each task calls
+        this once its model is built), so a bad name is refused when the task is built, before
+        any data is read."""
         if self.freezing:
-            self._frozen_count = apply_freeze(self, self.freezing)
+            self._trainable_notes.append(describe(*apply_freeze(self, self.freezing), self.freezing))
+        if self.lora:
+            adapted = add_adapters(self, self.lora)
+            trainable, total = count_trainable(self)
+            self._trainable_notes.append(
+                f"task.lora: rank {self.lora.rank} adapters on {len(adapted)} linear layers; "
+                f"{trainable:,} of {total:,} parameters train"
+            )
+        if self.freezing or self.lora:
+            if not count_trainable(self)[0]:
+                raise ValueError(
+                    f"freeze.modules={list(self.freezing.modules)} freezes every parameter: nothing would train "
+                    "(task.lora.rank=N adds adapters that would)"
+                )
             eval_frozen(self)
 
     def train(self, mode: bool = True) -> Task:
         """Train mode for all but the frozen modules, which stay in eval mode (:func:`eval_frozen`)."""
         super().train(mode)
-        if mode and self.freezing:
+        if mode and (self.freezing or self.lora):
             eval_frozen(self)
         return self
 
     def on_fit_start(self) -> None:
-        if self._frozen_count is not None:
-            log.info(describe(*self._frozen_count, self.freezing))
+        for note in self._trainable_notes:
+            log.info(note)
+        if self._trainable_notes:
             # Lightning warns of modules in eval mode: the frozen ones are, on purpose
             warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
 

@@ -36,6 +36,7 @@ class CaptionTask(Task):
             (``max_new_tokens: null`` = up to the decoder's ``max_length``).
         num_samples: validation images kept (with their captions) for loggers to show.
         freeze: the weights that do not train (:class:`mmtx.tasks.freezing.Freeze`).
+        lora: low-rank adapters (:class:`mmtx.tasks.lora.Lora`).
     """
 
     # a two-stream pretraining checkpoint's vision stream becomes the captioner's image encoder
@@ -54,9 +55,10 @@ class CaptionTask(Task):
         generation: dict | None = None,
         num_samples: int = 16,
         freeze: dict | None = None,
+        lora: dict | None = None,
         data_config: dict | None = None,
     ) -> None:
-        super().__init__(tokenizer=tokenizer, data_config=data_config, freeze=freeze)
+        super().__init__(tokenizer=tokenizer, data_config=data_config, freeze=freeze, lora=lora)
         self.model: ImageCaptioner = instantiate(
             model, decoder={"vocab_size": self.tokenizer.vocab_size, "pad_id": self.tokenizer.pad_id}
         )
@@ -66,7 +68,7 @@ class CaptionTask(Task):
             generation["max_new_tokens"] = self.model.decoder.max_length - 1
         self.generation = GenerationConfig(**generation)
         self.samples: list[dict[str, Any]] = []  # for loggers: image, prediction, references
-        self.freeze_weights()
+        self.choose_trainable()
 
     # --- training ------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:

@@ -144,10 +144,7 @@ def apply_freeze(root: nn.Module, freeze: Freeze) -> tuple[int, int]:
     for key, p in params.items():
         p.requires_grad_(trains[key])
     frozen = sum(p.numel() for key, p in params.items() if not trains[key])
-    total = sum(p.numel() for p in params.values())
-    if frozen == total:
-        raise ValueError(f"{_KEY} freezes every parameter: nothing would train")
-    return frozen, total
+    return frozen, sum(p.numel() for p in params.values())
 
 
 def eval_frozen(root: nn.Module) -> None:

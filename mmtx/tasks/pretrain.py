@@ -36,6 +36,7 @@ class PretrainTask(Task):
             re-scores each query's top ``rerank`` candidates with the alignment head (ALBEF);
             without it, every pair is scored by the alignment head.
         freeze: the weights that do not train (:class:`mmtx.tasks.freezing.Freeze`).
+        lora: low-rank adapters (:class:`mmtx.tasks.lora.Lora`).
     """
 
     def __init__(
@@ -51,9 +52,10 @@ class PretrainTask(Task):
         retrieval_images: int = 100,
         rerank: int = 16,
         freeze: dict | None = None,
+        lora: dict | None = None,
         data_config: dict | None = None,
     ) -> None:
-        super().__init__(tokenizer=tokenizer, data_config=data_config, freeze=freeze)
+        super().__init__(tokenizer=tokenizer, data_config=data_config, freeze=freeze, lora=lora)
         tok = self.tokenizer
         self.objectives = Objectives(**(objectives or {}))
         heads = [k for k in OBJECTIVES if getattr(self.objectives, k) > 0]  # the heads the losses use
@@ -72,7 +74,7 @@ class PretrainTask(Task):
         self.check_text_length("backbone.text", self.model.backbone.text.max_length)
         self._vision_rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self._captions_per_image: list[int] = []  # of the last retrieval evaluation
-        self.freeze_weights()
+        self.choose_trainable()
 
     def _log_losses(self, out: dict[str, torch.Tensor], stage: str, batch_size: int) -> None:
         # each process holds its share of the global batch's mean: their mean is that mean

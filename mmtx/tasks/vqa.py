@@ -41,6 +41,7 @@ class AnswerTask(Task):
         warmup_ratio, min_lr_ratio: linear warm-up over that share of the run's budget, then cosine
             decay to ``min_lr_ratio * lr``.
         freeze: the weights that do not train (:class:`mmtx.tasks.freezing.Freeze`).
+        lora: low-rank adapters (:class:`mmtx.tasks.lora.Lora`).
     """
 
     def __init__(
@@ -53,12 +54,13 @@ class AnswerTask(Task):
         warmup_ratio: float = 0.05,
         min_lr_ratio: float = 0.01,
         freeze: dict | None = None,
+        lora: dict | None = None,
         data_config: dict | None = None,
     ) -> None:
-        super().__init__(tokenizer=tokenizer, data_config=data_config, freeze=freeze)
+        super().__init__(tokenizer=tokenizer, data_config=data_config, freeze=freeze, lora=lora)
         self.model = instantiate(model, **self.model_arguments(self.tokenizer))
         self.check_text_length("backbone.text", self.model.backbone.text.max_length)
-        self.freeze_weights()
+        self.choose_trainable()
 
     def model_arguments(self, tok: Tokenizer) -> dict[str, Any]:
         """What the model config leaves to the data (vocabulary sizes, padding id), and the
