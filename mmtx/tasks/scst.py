@@ -1,0 +1,111 @@
+"""Self-critical sequence training (SCST, Rennie et al. 2017): a captioner trained with
+cross-entropy is fine-tuned on the CIDEr-D of its own sampled captions.
+
+For each training image the captioner samples ``samples`` captions; each gets its CIDEr-D
+against the image's references (idf from the training references, `CorpusCider`), and the
+update is REINFORCE with a baseline: ``-(reward - baseline) * log p(caption)``. The baseline
+is the reward of the image's greedy caption (``greedy``, Rennie et al.) or the mean reward of
+the image's other samples (``mean``, Luo 2020: no extra decoding). Start it from a
+cross-entropy run: ``task=caption_scst init_from=RUN/checkpoints/last.ckpt``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mmtx.generation import GenerationConfig, generate
+from mmtx.metrics.cider_reward import CorpusCider
+from mmtx.tasks.caption import CaptionTask
+
+BASELINES = ("greedy", "mean")
+
+
+@dataclass(frozen=True)
+class Scst:
+    """``task.scst``: captions sampled per image, the baseline, the sampling temperature."""
+
+    samples: int = 5
+    baseline: str = "mean"
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
+            raise ValueError(f"scst.samples={self.samples!r} must be an integer >= 1")
+        if self.baseline not in BASELINES:
+            raise ValueError(f"scst.baseline={self.baseline!r} is not one of {', '.join(BASELINES)}")
+        if self.baseline == "mean" and self.samples < 2:
+            raise ValueError("scst.samples=1 leaves no other samples for scst.baseline=mean (use >= 2, or greedy)")
+        if not isinstance(self.temperature, int | float) or not self.temperature > 0:
+            raise ValueError(f"scst.temperature={self.temperature!r} must be > 0")
+
+
+def until_eos(tokens: Tensor, eos_id: int) -> Tensor:
+    """(N, L) True on each sequence's tokens up to and including its first [EOS]."""
+    is_eos = (tokens == eos_id).long()
+    return (is_eos.cumsum(1) - is_eos) == 0
+
+
+def baseline_rewards(rewards: Tensor, samples: int, greedy: Tensor | None = None) -> Tensor:
+    """The baseline (B * K,) of each sample's reward (B * K,), samples of an image adjacent:
+    the image's greedy reward (B,) when given, else the mean of its other samples' rewards."""
+    per_image = rewards.view(-1, samples)
+    if greedy is not None:
+        return greedy.repeat_interleave(samples)
+    return ((per_image.sum(1, keepdim=True) - per_image) / (samples - 1)).flatten()
+
+
+class SelfCriticalTask(CaptionTask):
+    """:class:`CaptionTask` trained on the CIDEr-D reward of its samples (validation unchanged).
+
+    Args:
+        scst: :class:`Scst` fields.
+        *args, **kwargs: as :class:`CaptionTask` (``generation`` also bounds the samples' length).
+    """
+
+    def __init__(self, *args: Any, scst: dict | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.scst = Scst(**(scst or {}))
+        self._reward: CorpusCider | None = None
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        references = self.trainer.datamodule.references("train")
+        self._reward = CorpusCider(list(references.values()))  # every process: rewards where the samples are
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        tok, cfg, k = self.tokenizer, self.scst, self.scst.samples
+        context = self.model.encode(batch["images"])  # (B, S, D), trained through the samples' log-probs
+        sampling = GenerationConfig(
+            max_new_tokens=self.generation.max_new_tokens, do_sample=True, temperature=cfg.temperature
+        )
+        decode = {"bos_id": tok.bos_id, "eos_id": tok.eos_id, "pad_id": tok.pad_id}
+        with torch.no_grad():  # sampled as trained (dropout, if any, on): the log-probs below see the same model
+            sampled = generate(self.model.decoder, context.detach().repeat_interleave(k, 0), config=sampling, **decode)
+            greedy = None
+            if cfg.baseline == "greedy":
+                greedy = generate(self.model.decoder, context.detach(), config=GenerationConfig(
+                    max_new_tokens=self.generation.max_new_tokens), **decode)  # fmt: skip
+        references = [refs for refs in batch["references"] for _ in range(k)]
+        rewards = torch.tensor(self._reward(tok.decode_batch(sampled.cpu()), references), device=context.device)
+        greedy_rewards = None
+        if greedy is not None:
+            greedy_rewards = torch.tensor(
+                self._reward(tok.decode_batch(greedy.cpu()), batch["references"]), device=context.device
+            )
+        advantage = rewards - baseline_rewards(rewards, k, greedy_rewards)  # (B * K,)
+
+        inputs = torch.cat([sampled.new_full((len(sampled), 1), tok.bos_id), sampled], 1)  # [BOS] caption
+        logits = self.model.decoder(inputs[:, :-1], context.repeat_interleave(k, 0))
+        logp = F.log_softmax(logits.float(), -1).gather(-1, sampled[..., None])[..., 0]  # (B * K, L)
+        mask = until_eos(sampled, tok.eos_id)
+        size = len(batch["images"])
+        self.log("train/reward", rewards.mean(), batch_size=size, prog_bar=True, sync_dist=True)
+        self.log("train/baseline", (rewards - advantage).mean(), batch_size=size, sync_dist=True)
+        self.log("train/sample_tokens", mask.sum(1).float().mean(), batch_size=size, sync_dist=True)
+        tokens = mask.sum()
+        return self.summed_loss(-(advantage[:, None] * logp * mask).sum(), tokens)
