@@ -29,7 +29,7 @@ class GeneratedSplits:
     read like the official files they are written as.
 
     ``generate(root, image_size=..., **spec)`` returns each split's file arguments for ``read``;
-    ``per_image`` adds the subclass's count per image to ``spec``. ``draw=False`` only reads a
+    ``settings`` adds the subclass's generator settings (counts per image, caption kind) to ``spec``. ``draw=False`` only reads a
     data set already drawn under ``root`` (``mmtx-eval`` from a checkpoint's recorded config).
     """
 
@@ -44,12 +44,12 @@ class GeneratedSplits:
         num_val: int = 500,
         seed: int = 0,
         *,
-        per_image: dict[str, Any],
+        settings: dict[str, Any],
         draw: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        spec = dict(num_train=num_train, num_val=num_val, seed=seed, **per_image)
+        spec = dict(num_train=num_train, num_val=num_val, seed=seed, **settings)
         self.check(image_size=self.image_size, **spec)  # type: ignore[attr-defined]
         self.root, self.spec, self.draw = Path(root), spec, draw
         self._files: dict[str, tuple[Path, ...]] | None = None
@@ -81,7 +81,7 @@ class SceneCaptions(GeneratedSplits, CaptionDataModule):
     def __init__(
         self, root: str, *, captions_per_image: int = 5, extra: dict[str, Any] | None = None, **kwargs: Any
     ) -> None:
-        super().__init__(root, per_image={"captions_per_image": captions_per_image, **(extra or {})}, **kwargs)
+        super().__init__(root, settings={"captions_per_image": captions_per_image, **(extra or {})}, **kwargs)
         self._scenes: dict[str, Mapping[int, ShapeScene]] = {}  # ground truth of each split's images, by id
 
     def score_captions(self, split: str, predictions: dict[int, str]) -> dict[str, float]:
@@ -127,4 +127,4 @@ class ShapesVqa(GeneratedSplits, VqaDataModule):
     generate, read, check = staticmethod(generate_shapes_vqa), staticmethod(read_vqa), staticmethod(shapes_vqa_spec)
 
     def __init__(self, root: str, *, questions_per_image: int = 5, **kwargs: Any) -> None:
-        super().__init__(root, per_image={"questions_per_image": questions_per_image}, **kwargs)
+        super().__init__(root, settings={"questions_per_image": questions_per_image}, **kwargs)
