@@ -27,7 +27,8 @@ from mmtx.stored_config import (
     check_tokenizer_json,
     stored_class,
 )
-from mmtx.tasks.lora import adapted_names, plain_state
+from mmtx.tasks.freezing import Freeze
+from mmtx.tasks.lora import Lora, adapted_names, plain_state
 
 log = logging.getLogger(__name__)
 
@@ -201,15 +202,23 @@ def _tensors(module: nn.Module) -> list[tuple[str, Tensor]]:
     return [*module.named_parameters(), *module.named_buffers()]
 
 
-def check_resume(ckpt: dict[str, Any], path: str | Path, task_target: str, model: dict[str, Any]) -> None:
+def check_resume(
+    ckpt: dict[str, Any],
+    path: str | Path,
+    task_target: str,
+    model: dict[str, Any],
+    task: Mapping[str, Any] | None = None,
+) -> None:
     """Refuse to resume from checkpoint ``ckpt`` (read from ``path``) with a task or a model
     config its weights do not fit.
 
     The checkpoint's task class must be ``task_target``; the task is rebuilt with ``model`` on
     the meta device (no memory, no time) and its tensor names and shapes compared with the
     checkpoint's. A mismatch names the model config keys that differ from the checkpoint's and
-    the tensors that do not fit, instead of Lightning's size-mismatch traceback. Other changed
-    settings (say dropout) are allowed, and logged.
+    the tensors that do not fit, instead of Lightning's size-mismatch traceback. ``task`` (the
+    run's task config), when given, must freeze and adapt what the checkpoint's did
+    (``task.freeze``, ``task.lora``): the optimizer state is that of the parameters that trained.
+    Other changed settings (say dropout) are allowed, and logged.
     """
     cls = task_class(ckpt, path)
     written = f"{cls.__module__}.{cls.__qualname__}"
@@ -219,6 +228,17 @@ def check_resume(ckpt: dict[str, Any], path: str | Path, task_target: str, model
             "choose the checkpoint's task, or start a new run from its weights with init_from="
         )
     hparams, state = _entry(ckpt, "hyper_parameters", path), _entry(ckpt, "state_dict", path)
+    for key, settings in (("freeze", Freeze), ("lora", Lora)):  # which parameters train, and their optimizer state
+        try:
+            before, now = settings.from_config(hparams.get(key)), settings.from_config((task or {}).get(key))
+        except ValueError as e:
+            raise CheckpointError(f"cannot resume from {path}: {e}") from e
+        if task is not None and before != now:
+            raise CheckpointError(
+                f"cannot resume from {path}: task.{key} differs from the checkpoint's ({before} -> {now}), and the "
+                f"optimizer state belongs to the parameters that trained; resume with the checkpoint's task.{key}, "
+                f"or start a new run from its weights with init_from={path}"
+            )
     changed = _differences(hparams.get("model"), model, "model")
     try:
         with torch.device("meta"):

@@ -138,6 +138,12 @@ class _AllDone:
 
 
 @torch.no_grad()
+def never_generated(bos_id: int, eos_id: int, pad_id: int) -> list[int]:
+    """The ids decoding never emits: padding and a second BOS, unless one is also the EOS
+    (GPT-2's ``<|endoftext|>``)."""
+    return [t for t in dict.fromkeys([pad_id, bos_id]) if t != eos_id]
+
+
 def generate(
     decoder: CaptionDecoder,
     context: Tensor,
@@ -158,9 +164,7 @@ def generate(
         raise ValueError(
             f"max_new_tokens={cfg.max_new_tokens} needs {max_length} positions, the decoder has {decoder.max_length}"
         )
-    # never emit padding or a second BOS, unless it is also the EOS (GPT-2's <|endoftext|>)
-    banned = [t for t in dict.fromkeys([pad_id, bos_id]) if t != eos_id]
-    step = _Stepper(decoder, context, context_mask, cfg.use_cache, max_length, banned)
+    step = _Stepper(decoder, context, context_mask, cfg.use_cache, max_length, never_generated(bos_id, eos_id, pad_id))
     B = context.shape[0]
     on_cpu = context.device.type == "cpu"
     rerouted = on_cpu and (pays_on_this_cpu() if cfg.few_row_products is None else cfg.few_row_products)

@@ -28,14 +28,10 @@ SETTINGS = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from bench_memory import add_step_arguments
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--model", default="caption_small", help="a captioner config of conf/model (default: %(default)s)"
-    )
-    parser.add_argument("--image-size", type=int, default=64, help="image side in pixels (default: %(default)s)")
-    parser.add_argument("--batch", type=int, default=32, help="images (and captions) per step (default: %(default)s)")
-    parser.add_argument("--text-len", type=int, default=24, help="caption tokens (default: %(default)s)")
-    parser.add_argument("--vocab", type=int, default=1000, help="vocabulary size (default: %(default)s)")
+    add_step_arguments(parser)
     parser.add_argument(
         "--steps", type=int, default=10, help="timed steps; the median is reported (default: %(default)s)"
     )

@@ -25,8 +25,8 @@ import sys
 from typing import Any
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_step_arguments(parser: argparse.ArgumentParser) -> None:
+    """The captioner and the batch of the step measured (shared with ``bench_freeze.py``)."""
     parser.add_argument(
         "--model", default="caption_small", help="a captioner config of conf/model (default: %(default)s)"
     )
@@ -36,6 +36,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--text-len", type=int, default=24, help="caption tokens, [BOS] and [EOS] included (default: %(default)s)"
     )
     parser.add_argument("--vocab", type=int, default=1000, help="vocabulary size (default: %(default)s)")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_step_arguments(parser)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast, as trainer.precision=bf16-mixed")
     parser.add_argument("--seed", type=int, default=0)

@@ -36,7 +36,8 @@ def test_a_frozen_encoder_with_its_last_block_training() -> None:
     names = trainable(t)
     encoder = {n for n in names if n.startswith("model.encoder.")}
     # the last block and the final norm train; the stem, positions, class token and first block do not
-    assert encoder and all(n.startswith(("model.encoder.blocks.1.", "model.encoder.norm.")) for n in encoder)
+    opened = ("model.encoder.blocks.1.", "model.encoder.norm.")
+    assert encoder == {n for n, _ in t.named_parameters() if n.startswith(opened)}
     assert any(n.startswith("model.encoder.norm.") for n in encoder)
     assert {n for n, _ in t.named_parameters() if n.startswith("model.decoder.")} <= names
 
@@ -46,6 +47,14 @@ def test_train_patterns_open_parts_of_a_frozen_module() -> None:
     decoder = {n for n in trainable(t) if n.startswith("model.decoder.")}
     assert decoder and all(".cross_attn." in n for n in decoder)
     assert len({n.split(".cross_attn.")[0] for n in decoder}) == 2  # in both blocks
+
+
+def test_a_tied_weight_trains_when_any_of_its_layers_does() -> None:
+    """The decoder's output layer is its token embedding: freezing the body leaves it training."""
+    t = task({"modules": ["model.decoder.body"]})
+    embedding = t.model.decoder.body.token_embed.weight
+    assert t.model.decoder.lm_head.weight is embedding and embedding.requires_grad
+    assert not t.model.decoder.body.blocks[0].attn.qkv.weight.requires_grad
 
 
 def test_frozen_modules_stay_in_eval_mode_and_the_rest_trains() -> None:
@@ -84,6 +93,8 @@ def test_frozen_weights_get_no_gradient() -> None:
         ({"train_last_blocks": 1}, "need freeze.modules"),
         ({"modules": ["model.encoder"], "layers": 2}, "freeze.layers is not a key"),
         ({"modules": ["x" * 500]}, "1-200 characters"),
+        ({"modules": 3}, "freeze.modules=3 must be a list"),
+        (["model.encoder"], "must be a mapping"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_key(freeze: dict, message: str) -> None:

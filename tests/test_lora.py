@@ -163,3 +163,40 @@ def test_a_lora_run_from_pretrained_files_trains_adapters_resumes_and_exports(
     ids, _ = tokenizer.encode_batch(["a red square", "a blue circle"], 8)
     with torch.no_grad():
         assert (model(images, ids) - trained.model(images, ids)).abs().max() < 1e-5
+
+
+def test_with_freeze_only_frozen_layers_get_adapters_and_trained_ones_train_whole() -> None:
+    """freeze.train=[*.cross_attn] with the default layers: the new cross-attention trains whole."""
+    t = task({"rank": 2}, {"modules": ["model"], "train": ["*.cross_attn"]})
+    names = {n for n, _ in t.named_parameters()}
+    assert not any(".cross_attn." in n and (".lora_" in n or "base_layer" in n) for n in names)
+    assert all(p.requires_grad for n, p in t.named_parameters() if ".cross_attn." in n)
+    assert any(".attn.qkv.lora_A." in n for n in names)
+
+
+def test_a_tied_output_layer_and_malformed_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="model.decoder.lm_head shares its weight"):
+        task({"rank": 2, "layers": ["*lm_head"]})
+    t = task({"rank": 2, "layers": "*.attn.qkv"})  # one pattern, not its characters
+    assert {n.split(".attn.qkv.")[0] for n, _ in t.named_parameters() if ".lora_" in n}
+    assert not any(".mlp." in n and ".lora_" in n for n, _ in t.named_parameters())
+    for bad, message in (([2], "must be a mapping"), ({"rank": 2, "layers": 3}, "lora.layers=3 must be a list")):
+        with pytest.raises(ValueError, match=message):
+            task(bad)
+
+
+def test_resuming_with_other_frozen_or_adapted_weights_is_refused(tmp_path: Path) -> None:
+    from mmtx.checkpoint import TASK_KEY, CheckpointError, check_resume
+
+    t = task({"rank": 2}, {"modules": ["model.encoder"]})
+    ckpt = {
+        TASK_KEY: "mmtx.tasks.caption.CaptionTask",
+        "hyper_parameters": dict(t.hparams),
+        "state_dict": t.state_dict(),
+    }
+    target, model = "mmtx.tasks.caption.CaptionTask", t.hparams["model"]
+    check_resume(ckpt, "run.ckpt", target, model, {"freeze": {"modules": ["model.encoder"]}, "lora": {"rank": 2}})
+    for changed, key in (({"freeze": {"modules": ["model.decoder"]}, "lora": {"rank": 2}}, "task.freeze"),
+                         ({"freeze": {"modules": ["model.encoder"]}, "lora": {"rank": 4}}, "task.lora")):  # fmt: skip
+        with pytest.raises(CheckpointError, match=f"{key} differs from the checkpoint's"):
+            check_resume(ckpt, "run.ckpt", target, model, changed)

@@ -79,3 +79,43 @@ def test_mmtx_train_task_caption_scst_from_a_cross_entropy_run(
     start = read_checkpoint(trained.last)["state_dict"]
     end = read_checkpoint(tmp_path / "scst" / "checkpoints" / "last.ckpt")["state_dict"]
     assert any(not torch.equal(start[k], end[k]) for k in start if k.startswith("model.decoder."))
+
+
+def test_the_reward_stores_no_ngram_of_the_captions_it_scores_and_takes_any_batch() -> None:
+    reward = CorpusCider(REFERENCES[:2])
+    size = len(reward.document_frequency)
+    many = CAPTIONS * 3  # more captions than the corpus has images: scored in chunks of its size
+    scores = reward(many + ["zebra unicorn never seen"], [REFERENCES[0]] * (len(many) + 1))
+    assert len(reward.document_frequency) == size
+    alone = [reward([c], [REFERENCES[0]])[0] for c in many]
+    assert scores[:-1] == pytest.approx(alone, abs=1e-12)
+
+
+def test_sample_log_probs_are_those_of_the_distribution_sampled_from() -> None:
+    """One teacher-forced pass equals step-by-step decoding's log-probabilities, with the ids
+    decoding never emits excluded and the temperature applied; 0 (not NaN) after [EOS]."""
+    from mmtx.generation import never_generated
+    from mmtx.models.decoder import CaptionDecoder
+    from mmtx.tasks.scst import sample_log_probs
+
+    torch.manual_seed(0)
+    decoder = CaptionDecoder(vocab_size=12, context_dim=8, dim=16, depth=1, num_heads=2, max_length=8, pad_id=0)
+    context = torch.randn(2, 3, 8)
+    bos, eos, pad = 1, 2, 0
+    sampled = torch.tensor([[5, 7, 2, 0, 0], [6, 6, 9, 4, 3]])
+    logp = sample_log_probs(decoder, context, sampled, bos_id=bos, eos_id=eos, pad_id=pad, temperature=0.7)
+    banned = never_generated(bos, eos, pad)
+    for row in range(2):
+        tokens = [bos]
+        for t in range(5):
+            if row == 0 and t > 2:
+                assert logp[row, t] == 0
+                continue
+            logits = decoder(torch.tensor([tokens]), context[row : row + 1])[0, -1] / 0.7
+            logits[banned] = -float("inf")
+            expected = logits.log_softmax(-1)[sampled[row, t]]
+            assert abs(logp[row, t].item() - expected.item()) < 1e-5
+            tokens.append(int(sampled[row, t]))
+    assert torch.isfinite(logp).all()
+    (logp.sum()).backward()
+    assert all(torch.isfinite(p.grad).all() for p in decoder.parameters() if p.grad is not None)

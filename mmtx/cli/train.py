@@ -50,7 +50,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     # state); Lightning reads the resumed one again in fit, to restore it
     resumed = read_checkpoint(cfg.ckpt_path, mmap=True) if cfg.ckpt_path else None
     if resumed:
-        check_resume(resumed, cfg.ckpt_path, cfg.task._target_, to_container(cfg.model))
+        check_resume(resumed, cfg.ckpt_path, cfg.task._target_, to_container(cfg.model), to_container(cfg.task))
     start = read_checkpoint(cfg.init_from) if cfg.init_from else None
     datamodule = instantiate(cfg.data, tokenizer=run_tokenizer(cfg, resumed, start))
     datamodule.prepare_data()

@@ -31,6 +31,8 @@ from mmtx.models.decoder import CaptionDecoder
 from mmtx.models.vit import VisionEncoder
 from mmtx.pretrained.bert import CROSS as BERT_CROSS
 from mmtx.pretrained.bert import LAYER as BERT_LAYER
+from mmtx.pretrained.gpt2 import CROSS as GPT2_CROSS
+from mmtx.pretrained.gpt2 import LAYER as GPT2_LAYER
 from mmtx.tasks.lora import merge_adapters
 
 # mmtx activation -> the name transformers' configs give it
@@ -39,12 +41,7 @@ _VIT_BLOCK = {  # ours -> ViT's, under encoder.encoder.layer.{i}.
     "norm1": "layernorm_before", "attn.proj": "attention.output.dense", "norm2": "layernorm_after",
     "mlp.fc1": "intermediate.dense", "mlp.fc2": "output.dense",
 }  # fmt: skip
-_GPT2_BLOCK = {  # ours -> GPT-2's, under decoder.transformer.h.{i}.; projections are Conv1D: transposed
-    "norm1": "ln_1", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "norm2": "ln_2",
-    "mlp.fc1": "mlp.c_fc", "mlp.fc2": "mlp.c_proj", "norm_cross": "ln_cross_attn",
-    "cross_attn.q": "crossattention.q_attn", "cross_attn.kv": "crossattention.c_attn",
-    "cross_attn.proj": "crossattention.c_proj",
-}  # fmt: skip
+_GPT2_BLOCK = {**GPT2_LAYER, **GPT2_CROSS}  # ours -> GPT-2's, under decoder.transformer.h.{i}.; Conv1D: transposed
 
 
 def _arguments(cls: type, config: dict[str, Any]) -> dict[str, Any]:
@@ -102,7 +99,7 @@ def _vit_tensors(encoder: VisionEncoder, image_size: int) -> dict[str, Tensor]:
     s = encoder.state_dict()
     dim = encoder.dim
     with torch.no_grad():
-        positions = encoder.positions(encoder.patch_embed.grid(image_size, image_size)).detach()
+        positions = encoder.positions(encoder.patch_embed.grid(image_size, image_size))
     out = {
         "encoder.embeddings.cls_token": s["cls_token"],
         "encoder.embeddings.position_embeddings": positions,
@@ -181,15 +178,75 @@ def _bert_tensors(decoder: CaptionDecoder, tied: bool) -> dict[str, Tensor]:
     return out
 
 
-def _bert_config(dec: dict[str, Any], vocab_size: int) -> dict[str, Any]:
+def _bert_config(dec: dict[str, Any]) -> dict[str, Any]:
     return {
-        "model_type": "bert", "vocab_size": vocab_size, "hidden_size": dec["dim"], "num_hidden_layers": dec["depth"],
+        "model_type": "bert", "vocab_size": dec["vocab_size"], "hidden_size": dec["dim"], "num_hidden_layers": dec["depth"],
         "num_attention_heads": dec["num_heads"], "intermediate_size": int(dec["dim"] * dec["mlp_ratio"]),
         "hidden_act": _ACTIVATIONS[dec["activation"]], "hidden_dropout_prob": dec["dropout"],
         "attention_probs_dropout_prob": dec["attn_dropout"], "max_position_embeddings": dec["max_length"],
         "type_vocab_size": dec["type_vocab_size"], "layer_norm_eps": dec["norm_eps"],
         "position_embedding_type": "absolute",
     }  # fmt: skip
+
+
+def _documents(
+    enc: dict[str, Any], dec: dict[str, Any], kind: str, tied: bool, image_size: int, task: Any
+) -> dict[str, dict[str, Any]]:
+    """The JSON files of the directory, by name: the model's config, the decoding settings, the
+    tokenizer's settings and the image processor's."""
+    generation, tok = task.generation, task.tokenizer
+    special = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
+    encoder_config = {
+        "model_type": "vit", "hidden_size": enc["dim"], "num_hidden_layers": enc["depth"],
+        "num_attention_heads": enc["num_heads"], "intermediate_size": int(enc["dim"] * enc["mlp_ratio"]),
+        "hidden_act": _ACTIVATIONS[enc["activation"]], "hidden_dropout_prob": enc["dropout"],
+        "attention_probs_dropout_prob": enc["attn_dropout"], "layer_norm_eps": enc["norm_eps"],
+        "image_size": image_size, "patch_size": enc["patch_size"], "num_channels": enc["in_chans"],
+        "qkv_bias": enc["qkv_bias"],
+    }  # fmt: skip
+    decoder_config = _bert_config(dec) if kind == "BERT" else {
+        "model_type": "gpt2", "vocab_size": dec["vocab_size"], "n_positions": dec["max_length"], "n_embd": dec["dim"],
+        "n_layer": dec["depth"], "n_head": dec["num_heads"], "n_inner": int(dec["dim"] * dec["mlp_ratio"]),
+        "activation_function": _ACTIVATIONS[dec["activation"]], "resid_pdrop": dec["dropout"],
+        "embd_pdrop": dec["dropout"], "attn_pdrop": dec["attn_dropout"], "layer_norm_epsilon": dec["norm_eps"],
+    }  # fmt: skip
+    decoder_config |= {"add_cross_attention": True, "is_decoder": True, "tie_word_embeddings": tied, **special}
+    document = {
+        "architectures": ["VisionEncoderDecoderModel"],
+        "model_type": "vision-encoder-decoder",
+        "is_encoder_decoder": True,
+        "tie_word_embeddings": False,  # the encoder and decoder share nothing; GPT-2's own tie is its config's
+        "encoder": encoder_config,
+        "decoder": decoder_config,
+        "decoder_start_token_id": tok.bos_id,
+        **special,
+    }
+    generation_config = {  # mmtx's decoding settings, under transformers' names
+        "decoder_start_token_id": tok.bos_id, **special, "max_length": dec["max_length"],
+        "max_new_tokens": generation.max_new_tokens, "min_new_tokens": generation.min_new_tokens,
+        "num_beams": generation.num_beams, "length_penalty": generation.length_penalty,
+        "early_stopping": generation.early_stopping, "do_sample": generation.do_sample,
+        "temperature": generation.temperature, "top_k": generation.top_k, "top_p": generation.top_p,
+    }  # fmt: skip
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": dec["max_length"],
+        **{f"{role}_token": tok.backend.id_to_token(i) for role, i in
+           (("bos", tok.bos_id), ("eos", tok.eos_id), ("pad", tok.pad_id), ("unk", tok.unk_id))},
+    }  # fmt: skip
+    preprocessor = {
+        "image_processor_type": "ViTImageProcessor", "do_resize": True,
+        "size": {"height": image_size, "width": image_size},
+        "resample": 3, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+        "image_mean": list(IMAGENET_MEAN), "image_std": list(IMAGENET_STD),
+    }  # fmt: skip
+
+    return {
+        "config.json": document,
+        "generation_config.json": generation_config,
+        "tokenizer_config.json": tokenizer_config,
+        "preprocessor_config.json": preprocessor,
+    }
 
 
 def export_hf(task: Any, out: str | Path) -> Path:
@@ -199,7 +256,6 @@ def export_hf(task: Any, out: str | Path) -> Path:
     ``tokenizer_config.json``) and ``preprocessor_config.json``. Refuses, naming every setting
     that does not map, a model of another kind or architecture. Low-rank adapters
     (``task.lora``) are merged into the weights first (in place)."""
-    merge_adapters(task)
     model = task.model
     if not isinstance(model, ImageCaptioner):
         raise ExportError(
@@ -213,7 +269,8 @@ def export_hf(task: Any, out: str | Path) -> Path:
     problems = _encoder_problems(enc) + problems
     if problems:
         raise ExportError(f"format=hf: transformers' ViT + {kind} cannot represent " + "; ".join(problems))
-    tok = task.tokenizer
+    merge_adapters(task)  # once refusals are out of the way: it changes the task in place
+    dec["vocab_size"] = model.decoder.vocab_size  # what the tokenizer filled in, whatever the config says
     tied = model.decoder.lm_head.weight is model.decoder.body.token_embed.weight
     # the size it was trained at: transformers' ViT takes one size, the positions are for its grid
     image_size = (getattr(task, "data_config", None) or {}).get("image_size") or enc["image_size"]
@@ -226,62 +283,13 @@ def export_hf(task: Any, out: str | Path) -> Path:
         tensors["enc_to_dec_proj.weight"] = torch.eye(dec["dim"], enc["dim"], dtype=dtype)
         tensors["enc_to_dec_proj.bias"] = torch.zeros(dec["dim"], dtype=dtype)
 
-    special = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
-    encoder_config = {
-        "model_type": "vit", "hidden_size": enc["dim"], "num_hidden_layers": enc["depth"],
-        "num_attention_heads": enc["num_heads"], "intermediate_size": int(enc["dim"] * enc["mlp_ratio"]),
-        "hidden_act": _ACTIVATIONS[enc["activation"]], "hidden_dropout_prob": enc["dropout"],
-        "attention_probs_dropout_prob": enc["attn_dropout"], "layer_norm_eps": enc["norm_eps"],
-        "image_size": image_size, "patch_size": enc["patch_size"], "num_channels": enc["in_chans"],
-        "qkv_bias": enc["qkv_bias"],
-    }  # fmt: skip
-    decoder_config = _bert_config(dec, tok.vocab_size) if kind == "BERT" else {
-        "model_type": "gpt2", "vocab_size": tok.vocab_size, "n_positions": dec["max_length"], "n_embd": dec["dim"],
-        "n_layer": dec["depth"], "n_head": dec["num_heads"], "n_inner": int(dec["dim"] * dec["mlp_ratio"]),
-        "activation_function": _ACTIVATIONS[dec["activation"]], "resid_pdrop": dec["dropout"],
-        "embd_pdrop": dec["dropout"], "attn_pdrop": dec["attn_dropout"], "layer_norm_epsilon": dec["norm_eps"],
-    }  # fmt: skip
-    decoder_config |= {"add_cross_attention": True, "is_decoder": True, "tie_word_embeddings": tied, **special}
-    generation = task.generation
-    document = {
-        "architectures": ["VisionEncoderDecoderModel"],
-        "model_type": "vision-encoder-decoder",
-        "is_encoder_decoder": True,
-        "tie_word_embeddings": False,  # the encoder and decoder share nothing; GPT-2's own tie is its config's
-        "encoder": encoder_config,
-        "decoder": decoder_config,
-        "decoder_start_token_id": tok.bos_id,
-        **special,
-    }
-    generation_config = {
-        "decoder_start_token_id": tok.bos_id, **special, "max_length": dec["max_length"],
-        "num_beams": generation.num_beams, "length_penalty": generation.length_penalty,
-    }  # fmt: skip
-    backend = tok.backend
-    tokenizer_config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "model_max_length": dec["max_length"],
-        **{f"{role}_token": backend.id_to_token(i) for role, i in
-           (("bos", tok.bos_id), ("eos", tok.eos_id), ("pad", tok.pad_id), ("unk", tok.unk_id))},
-    }  # fmt: skip
-    preprocessor = {
-        "image_processor_type": "ViTImageProcessor", "do_resize": True,
-        "size": {"height": image_size, "width": image_size},
-        "resample": 3, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
-        "image_mean": list(IMAGENET_MEAN), "image_std": list(IMAGENET_STD),
-    }  # fmt: skip
-
+    files = _documents(enc, dec, kind, tied, image_size, task)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, out / "model.safetensors", metadata={"format": "pt"})
     as_created(out / "model.safetensors")
-    for name, value in (
-        ("config.json", document),
-        ("generation_config.json", generation_config),
-        ("tokenizer_config.json", tokenizer_config),
-        ("preprocessor_config.json", preprocessor),
-    ):
+    for name, value in files.items():
         (out / name).write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
-    backend.save(str(out / "tokenizer.json"))
+    task.tokenizer.backend.save(str(out / "tokenizer.json"))
     as_created(out / "tokenizer.json")
     return out

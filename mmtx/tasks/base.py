@@ -74,7 +74,7 @@ class Task(L.LightningModule):
         if self.freezing:
             self._trainable_notes.append(describe(*apply_freeze(self, self.freezing), self.freezing))
         if self.lora:
-            adapted = add_adapters(self, self.lora)
+            adapted = add_adapters(self, self.lora, only_frozen=bool(self.freezing))
             trainable, total = count_trainable(self)
             self._trainable_notes.append(
                 f"task.lora: rank {self.lora.rank} adapters on {len(adapted)} linear layers; "
@@ -99,7 +99,8 @@ class Task(L.LightningModule):
         for note in self._trainable_notes:
             log.info(note)
         if self._trainable_notes:
-            # Lightning warns of modules in eval mode: the frozen ones are, on purpose
+            # Lightning warns of modules in eval mode: the frozen ones are, on purpose (a filter for
+            # the rest of this training process, which is what runs the fit)
             warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
 
     def check_text_length(self, tower: str, max_length: int) -> None:

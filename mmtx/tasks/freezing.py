@@ -12,6 +12,7 @@ frozen stem computes; this module keeps the frozen layers exactly as they were.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
@@ -44,6 +45,8 @@ class Freeze:
     @classmethod
     def from_config(cls, config: dict | None) -> Freeze:
         """``task.freeze`` as given (None or empty: nothing frozen), its types checked."""
+        if config is not None and not isinstance(config, Mapping):
+            raise ValueError(f"{_KEY}={config!r} must be a mapping of modules, train, train_last_blocks")
         config = dict(config or {})
         unknown = sorted(set(config) - {"modules", "train", "train_last_blocks"})
         if unknown:
@@ -51,8 +54,10 @@ class Freeze:
         patterns = {}
         for key in ("modules", "train"):
             value = config.get(key) or ()
-            if isinstance(value, str):
+            if isinstance(value, str):  # one name
                 value = (value,)
+            if not isinstance(value, list | tuple):
+                raise ValueError(f"{_KEY}.{key}={value!r} must be a list of module names or patterns")
             if not all(isinstance(p, str) and 0 < len(p) <= _MAX_PATTERN for p in value) or len(value) > _MAX_PATTERNS:
                 raise ValueError(
                     f"{_KEY}.{key} must be a list of at most {_MAX_PATTERNS} module names or patterns "
@@ -91,7 +96,7 @@ def _plan(root: nn.Module, freeze: Freeze) -> _Plan:
     for pattern in freeze.modules:
         found = _matching(names, pattern)
         if not found:
-            tops = ", ".join(n for n in names if "." not in n or n.count(".") == 1)
+            tops = ", ".join(n for n in names if n.count(".") <= 1)
             raise ValueError(f"{_KEY}.modules: {pattern!r} names no module (modules: {tops})")
         plan.frozen.update(found)
     for pattern in freeze.train:

@@ -3,7 +3,8 @@
 ``task.lora.rank > 0`` adds to every linear layer ``layers`` names a trainable low-rank
 update ``W x + (alpha / rank) B A x`` whose ``B`` starts at zero, so training starts from the
 loaded model; the adapted layers' own weights and biases are frozen. Everything else trains or
-not as ``task.freeze`` says (a new cross-attention usually should). The layers keep their names
+not as ``task.freeze`` says; with ``task.freeze`` given, only the layers it freezes get adapters
+(``freeze.train=[*.cross_attn]``: a new cross-attention trains whole). The layers keep their names
 with peft's parts below them (``attn.qkv.base_layer.weight``, ``attn.qkv.lora_A.default.weight``),
 so a LoRA run's checkpoints resume as any other; :func:`merge_adapters` folds the adapters back
 into plain layers for export, and :func:`plain_state` / :func:`adapted_names` let ``init_from=``
@@ -13,6 +14,7 @@ go from and to LoRA runs.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
@@ -22,7 +24,7 @@ from torch import Tensor, nn
 _KEY = "lora"  # the task argument; the start-up check names it task.lora
 _MAX_PATTERNS, _MAX_PATTERN = 64, 200  # a checkpoint's settings are untrusted: bounded work
 ADAPTER = "default"  # peft's name for the one adapter
-_PARTS = re.compile(r"^(.*)\.(base_layer\.(weight|bias)|lora_[AB]\.default\.weight)$")
+_PARTS = re.compile(rf"^(.*)\.(base_layer\.(weight|bias)|lora_[AB]\.{ADAPTER}\.weight)$")
 
 
 @dataclass(frozen=True)
@@ -45,12 +47,19 @@ class Lora:
     @classmethod
     def from_config(cls, config: dict | None) -> Lora:
         """``task.lora`` as given (None: no adapters), its values checked."""
+        if config is not None and not isinstance(config, Mapping):
+            raise ValueError(f"{_KEY}={config!r} must be a mapping of rank, alpha, dropout, layers")
         config = dict(config or {})
         fields = ("rank", "alpha", "dropout", "layers")
         unknown = sorted(set(config) - set(fields))
         if unknown:
             raise ValueError(f"{_KEY}.{unknown[0]} is not a key (allowed: {', '.join(fields)})")
-        lora = cls(**{**config, "layers": tuple(config.get("layers", cls.layers))})
+        layers = config.get("layers", cls.layers)
+        if isinstance(layers, str):  # one pattern
+            layers = (layers,)
+        if not isinstance(layers, list | tuple):
+            raise ValueError(f"{_KEY}.layers={layers!r} must be a list of layer names or patterns")
+        lora = cls(**{**config, "layers": tuple(layers)})
         if isinstance(lora.rank, bool) or not isinstance(lora.rank, int) or lora.rank < 0:
             raise ValueError(f"{_KEY}.rank={lora.rank!r} must be an integer >= 0 (0: no adapters)")
         if isinstance(lora.alpha, bool) or not isinstance(lora.alpha, int | float) or not lora.alpha > 0:
@@ -76,10 +85,13 @@ class Lora:
         return self.alpha / self.rank
 
 
-def add_adapters(root: nn.Module, lora: Lora) -> list[str]:
+def add_adapters(root: nn.Module, lora: Lora, only_frozen: bool = False) -> list[str]:
     """Add ``lora``'s adapters to the linear layers of ``root.model`` its ``layers`` name (relative
     to ``root``); returns their names. The adapted layers' weights and biases are frozen, the
-    adapters train, every other parameter keeps its ``requires_grad``."""
+    adapters train, every other parameter keeps its ``requires_grad``. ``only_frozen``: adapt
+    only layers whose weight is already frozen (``task.freeze`` given: a layer it leaves
+    training trains whole). A layer whose weight is shared (a tied output layer) is refused:
+    merging would change the other user of the weight too."""
     try:
         import peft
     except ImportError as e:
@@ -90,9 +102,19 @@ def add_adapters(root: nn.Module, lora: Lora) -> list[str]:
         if isinstance(module, nn.Linear)
         and name.startswith("model.")
         and any(fnmatchcase(name, t) for t in lora.layers)
+        and not (only_frozen and module.weight.requires_grad)
     ]
     if not names:
-        raise ValueError(f"{_KEY}.layers={list(lora.layers)!r} names no linear layer of the model")
+        raise ValueError(f"{_KEY}.layers={list(lora.layers)!r} names no linear layer of the model" + (
+            " that task.freeze freezes" if only_frozen else ""))  # fmt: skip
+    uses: dict[int, int] = {}
+    for _, p in root.named_parameters(remove_duplicate=False):
+        uses[id(p)] = uses.get(id(p), 0) + 1
+    tied = [n for n in names if uses[id(root.get_submodule(n).weight)] > 1]
+    if tied:
+        raise ValueError(
+            f"{_KEY}.layers: {tied[0]} shares its weight with another layer (tied embeddings): not adapted"
+        )
     trainable = {id(p) for p in root.parameters() if p.requires_grad}
     config = peft.LoraConfig(
         r=lora.rank,

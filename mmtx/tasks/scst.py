@@ -18,8 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mmtx.generation import GenerationConfig, generate
+from mmtx.generation import GenerationConfig, generate, never_generated
 from mmtx.metrics.cider_reward import CorpusCider
+from mmtx.models.decoder import CaptionDecoder
 from mmtx.tasks.caption import CaptionTask
 
 BASELINES = ("greedy", "mean")
@@ -59,6 +60,29 @@ def baseline_rewards(rewards: Tensor, samples: int, greedy: Tensor | None = None
     return ((per_image.sum(1, keepdim=True) - per_image) / (samples - 1)).flatten()
 
 
+def sample_log_probs(
+    decoder: CaptionDecoder,
+    context: Tensor,
+    sampled: Tensor,
+    *,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    temperature: float,
+) -> Tensor:
+    """Each token's log-probability (N, L) under the distribution ``generate`` sampled it from
+    (the ids it never emits excluded, logits divided by ``temperature``), teacher-forced in one
+    pass over ``[BOS] + sampled`` with gradients; 0 after each row's first [EOS] (padding).
+    ``context`` (N, S, D) is each row's image."""
+    inputs = torch.cat([sampled.new_full((len(sampled), 1), bos_id), sampled[:, :-1]], 1)  # [BOS] w1 .. w(L-1)
+    logits = decoder(inputs, context).float() / temperature  # (N, L, V)
+    banned = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+    banned[never_generated(bos_id, eos_id, pad_id)] = True
+    logits = logits.masked_fill(banned, -float("inf"))
+    logp = -F.cross_entropy(logits.flatten(0, 1), sampled.flatten(), reduction="none").view(sampled.shape)
+    return logp.masked_fill(~until_eos(sampled, eos_id), 0.0)  # the padding after EOS: banned, -inf
+
+
 class SelfCriticalTask(CaptionTask):
     """:class:`CaptionTask` trained on the CIDEr-D reward of its samples (validation unchanged).
 
@@ -77,35 +101,37 @@ class SelfCriticalTask(CaptionTask):
         references = self.trainer.datamodule.references("train")
         self._reward = CorpusCider(list(references.values()))  # every process: rewards where the samples are
 
+    def greedy_rewards(self, context: Tensor, references: list[list[str]]) -> Tensor:
+        """The reward (B,) of each image's greedy caption, decoded as at evaluation (eval mode)."""
+        tok = self.tokenizer
+        self.eval()
+        try:
+            with torch.no_grad():
+                greedy = generate(self.model.decoder, context, bos_id=tok.bos_id, eos_id=tok.eos_id, pad_id=tok.pad_id,
+                                  config=GenerationConfig(max_new_tokens=self.generation.max_new_tokens))  # fmt: skip
+        finally:
+            self.train()  # frozen modules stay in eval mode (Task.train)
+        return torch.tensor(self._reward(tok.decode_batch(greedy.cpu()), references), device=context.device)
+
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         tok, cfg, k = self.tokenizer, self.scst, self.scst.samples
+        ids = {"bos_id": tok.bos_id, "eos_id": tok.eos_id, "pad_id": tok.pad_id}
         context = self.model.encode(batch["images"])  # (B, S, D), trained through the samples' log-probs
+        contexts = context.repeat_interleave(k, 0)  # (B * K, S, D): an image's samples adjacent
         sampling = GenerationConfig(
             max_new_tokens=self.generation.max_new_tokens, do_sample=True, temperature=cfg.temperature
         )
-        decode = {"bos_id": tok.bos_id, "eos_id": tok.eos_id, "pad_id": tok.pad_id}
         with torch.no_grad():  # sampled as trained (dropout, if any, on): the log-probs below see the same model
-            sampled = generate(self.model.decoder, context.detach().repeat_interleave(k, 0), config=sampling, **decode)
-            greedy = None
-            if cfg.baseline == "greedy":
-                greedy = generate(self.model.decoder, context.detach(), config=GenerationConfig(
-                    max_new_tokens=self.generation.max_new_tokens), **decode)  # fmt: skip
+            sampled = generate(self.model.decoder, contexts.detach(), config=sampling, **ids)
         references = [refs for refs in batch["references"] for _ in range(k)]
         rewards = torch.tensor(self._reward(tok.decode_batch(sampled.cpu()), references), device=context.device)
-        greedy_rewards = None
-        if greedy is not None:
-            greedy_rewards = torch.tensor(
-                self._reward(tok.decode_batch(greedy.cpu()), batch["references"]), device=context.device
-            )
-        advantage = rewards - baseline_rewards(rewards, k, greedy_rewards)  # (B * K,)
+        greedy = self.greedy_rewards(context.detach(), batch["references"]) if cfg.baseline == "greedy" else None
+        advantage = rewards - baseline_rewards(rewards, k, greedy)  # (B * K,)
 
-        inputs = torch.cat([sampled.new_full((len(sampled), 1), tok.bos_id), sampled], 1)  # [BOS] caption
-        logits = self.model.decoder(inputs[:, :-1], context.repeat_interleave(k, 0))
-        logp = F.log_softmax(logits.float(), -1).gather(-1, sampled[..., None])[..., 0]  # (B * K, L)
+        logp = sample_log_probs(self.model.decoder, contexts, sampled, temperature=cfg.temperature, **ids)
         mask = until_eos(sampled, tok.eos_id)
         size = len(batch["images"])
         self.log("train/reward", rewards.mean(), batch_size=size, prog_bar=True, sync_dist=True)
         self.log("train/baseline", (rewards - advantage).mean(), batch_size=size, sync_dist=True)
         self.log("train/sample_tokens", mask.sum(1).float().mean(), batch_size=size, sync_dist=True)
-        tokens = mask.sum()
-        return self.summed_loss(-(advantage[:, None] * logp * mask).sum(), tokens)
+        return self.summed_loss(-(advantage[:, None] * logp).sum(), mask.sum())
