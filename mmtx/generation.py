@@ -137,13 +137,13 @@ class _AllDone:
         return False
 
 
-@torch.no_grad()
 def never_generated(bos_id: int, eos_id: int, pad_id: int) -> list[int]:
     """The ids decoding never emits: padding and a second BOS, unless one is also the EOS
     (GPT-2's ``<|endoftext|>``)."""
     return [t for t in dict.fromkeys([pad_id, bos_id]) if t != eos_id]
 
 
+@torch.no_grad()
 def generate(
     decoder: CaptionDecoder,
     context: Tensor,

@@ -73,20 +73,21 @@ class Task(L.LightningModule):
         any data is read."""
         if self.freezing:
             self._trainable_notes.append(describe(*apply_freeze(self, self.freezing), self.freezing))
+        if not (self.freezing or self.lora):
+            return
+        adapted = add_adapters(self, self.lora, only_frozen=bool(self.freezing)) if self.lora else []
+        trainable, total = count_trainable(self)
         if self.lora:
-            adapted = add_adapters(self, self.lora, only_frozen=bool(self.freezing))
-            trainable, total = count_trainable(self)
             self._trainable_notes.append(
                 f"task.lora: rank {self.lora.rank} adapters on {len(adapted)} linear layers; "
                 f"{trainable:,} of {total:,} parameters train"
             )
-        if self.freezing or self.lora:
-            if not count_trainable(self)[0]:
-                raise ValueError(
-                    f"freeze.modules={list(self.freezing.modules)} freezes every parameter: nothing would train "
-                    "(task.lora.rank=N adds adapters that would)"
-                )
-            eval_frozen(self)
+        if not trainable:
+            raise ValueError(
+                f"freeze.modules={list(self.freezing.modules)} freezes every parameter: nothing would train "
+                "(task.lora.rank=N adds adapters that would)"
+            )
+        eval_frozen(self)
 
     def train(self, mode: bool = True) -> Task:
         """Train mode for all but the frozen modules, which stay in eval mode (:func:`eval_frozen`)."""
