@@ -27,7 +27,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from bench import BOS_ID, EOS_ID, PAD_ID, BenchConfig, build_mmtx  # scripts/bench.py, beside this file
+from bench_models import BOS_ID, EOS_ID, PAD_ID, BenchConfig, build_mmtx  # beside this file
 
 from mmtx.few_row_products import linear_few_rows, pays
 

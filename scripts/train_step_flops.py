@@ -28,7 +28,7 @@ class CountFlops(L.Callback):
     with the batch's image count, to ``path`` as JSON."""
 
     def __init__(self, path: str) -> None:
-        from bench import cpu_flash_attention_flops  # the FLOP table's missing CPU kernels
+        from bench_hardware import cpu_flash_attention_flops  # the FLOP table's missing CPU kernels
 
         self.path = Path(path)
         self.counter = FlopCounterMode(display=False, custom_mapping=cpu_flash_attention_flops())

@@ -1,18 +1,15 @@
-"""The data module every image-text data set shares: it reads and screens each split's records,
-builds its data set (`mmtx.data.dataset`) and serves batches, normalised on the training device.
-
-Bad input is screened where it is cheapest to name (see `mmtx.data.bad_data` for the
-policies): a split's annotation entries as they are read, its image files by a pre-flight
-scan before any training, texts longer than ``max_text_chars`` characters as they are read
-(cut), texts longer than ``max_length`` tokens when the tokenizer is known (cut), and images
-that still fail to decode inside a loader worker by the main process, which gets them listed in
-each batch (``image_failures``) instead of as a crash inside the worker.
+"""The data module every image-text data set shares: a thin LightningDataModule over parts with
+one job each. A subclass says where a split's records come from (``load_records``) and how
+they become examples and batches (``make_dataset``, ``make_collator``); the module reads and
+screens them (`mmtx.data.reading`), keeps a split's images in memory where asked
+(`mmtx.data.memory`), serves resumable batches in the same order on any number of processes
+(`mmtx.data.sampling`) and prepares them on the training device (`mmtx.data.transforms.OnDevice`).
 """
 
 from __future__ import annotations
 
-import gc
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,37 +20,28 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from mmtx.config_error import ConfigError
 from mmtx.data.annotations import MAX_TEXT_CHARS, TextLimit
-from mmtx.data.bad_data import (
-    DECODE_HINT,
-    REPORT_FILE,
-    BadDataReport,
-    DecodeFailures,
-    Policy,
-    ScreenedLoader,
-    check_policy,
-    screen,
-)
+from mmtx.data.bad_data import REPORT_FILE, BadDataReport, DecodeFailures, Policy, check_policy
 from mmtx.data.dataset import ImageTextDataset
-from mmtx.data.images import MAX_IMAGE_PIXELS, ImageLoadError
-from mmtx.data.memory import fits_in_memory
-from mmtx.data.sampling import SeededDataset, ShardedBatchSampler, position_in_epoch
-from mmtx.data.splits import SPLITS, check_images_found
-from mmtx.data.tokenizer import Tokenizer, TokenizerError, longer_than
-from mmtx.data.transforms import build_pixels, image_seeds, normalize_images, random_shift
+from mmtx.data.images import MAX_IMAGE_PIXELS
+from mmtx.data.memory import keep_split_in_memory
+from mmtx.data.reading import read_split, report_long_texts
+from mmtx.data.sampling import ShardedBatchSampler, check_full_batch, position_in_epoch, serve
+from mmtx.data.splits import SPLITS
+from mmtx.data.tokenizer import Tokenizer, TokenizerError
+from mmtx.data.transforms import OnDevice, build_pixels
 
 log = logging.getLogger(__name__)
 
 
-class ImageTextDataModule(L.LightningDataModule):
+class ImageTextDataModule(L.LightningDataModule, ABC):
     """Batches of images with text, read from per-split records. A batch's images are uint8
     until Lightning has moved the batch to the training device, where they are normalised
     (`on_after_batch_transfer`); a loader read outside a Trainer gives them as uint8.
 
     Subclasses say where the records come from (``load_records``), how a split becomes a data
     set (``make_dataset``) and how examples are batched (``make_collator``); ``preflight_scan``
-    whether image files are checked before training (see the module docs).
+    whether image files are checked before training (`mmtx.data.reading`).
 
     Args:
         image_size: side of the square images the model sees.
@@ -122,7 +110,7 @@ class ImageTextDataModule(L.LightningDataModule):
         self.crop_scale = tuple(crop_scale) if crop_scale else None
         if isinstance(shift_px, bool) or not isinstance(shift_px, int) or not 0 <= shift_px < image_size // 2:
             raise ValueError(f"data.shift_px={shift_px!r} must be an integer from 0 to image_size/2 - 1")
-        self.shift_px = shift_px
+        self.on_device = OnDevice(shift_px, seed=shuffle_seed)  # the batches' images on the training device
         self.on_bad_image = check_policy(on_bad_image, "data.on_bad_image")
         self.on_bad_annotation = check_policy(on_bad_annotation or on_bad_image, "data.on_bad_annotation")
         if isinstance(max_image_pixels, bool) or not isinstance(max_image_pixels, int) or max_image_pixels < 1:
@@ -143,14 +131,15 @@ class ImageTextDataModule(L.LightningDataModule):
         self._resume_at: tuple[int, int] | None = None  # (epoch, batches done) from a checkpoint
 
     # --- what a source provides -------------------------------------------------------------
+    @abstractmethod
     def load_records(self, split: str, skipped: list[str], limit: TextLimit) -> list[Any]:
         """The split's records (each with a ``path``); bad annotation entries are left out and
         described in ``skipped``; texts longer than ``limit.max_chars`` are cut and listed in
         ``limit.cut`` (pass both to the reader)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def make_dataset(self, records: list[Any], transform: Any, train: bool) -> Dataset:
-        raise NotImplementedError
+        """The split's data set of ``records``, read through ``transform`` (training: ``train``)."""
 
     def describe(self, records: list[Any]) -> str:
         """What leaving ``records`` out drops, e.g. "their 12 caption(s)"."""
@@ -160,12 +149,13 @@ class ImageTextDataModule(L.LightningDataModule):
         """(what, text) for each text the collator tokenizes, to report those cut at max_length."""
         return []
 
-    def make_collator(self) -> Any:
-        raise NotImplementedError
+    @abstractmethod
+    def make_collator(self) -> Callable[[list[Any]], Any]:
+        """What turns a list of examples into a batch (tokenizing its texts)."""
 
+    @abstractmethod
     def texts(self, split: str = "train") -> list[str]:
         """The split's text, to learn a tokenizer's vocabulary from."""
-        raise NotImplementedError
 
     def has_split(self, split: str) -> bool:
         return True
@@ -175,39 +165,21 @@ class ImageTextDataModule(L.LightningDataModule):
         return None
 
     def records(self, split: str) -> list[Any]:
-        """The split's records, read and screened once (see the module docs). A wrong image folder
-        is one line: one that does not exist, before the records are read; one that holds none of
-        the first `PROBED_IMAGES` images they list, before each is reported missing."""
+        """The split's records, read and screened once (`mmtx.data.reading.read_split`)."""
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
         if split not in self._records:
-            folder = self.image_folder(split)
-            if folder is not None and not Path(folder[1]).is_dir():
-                key, path = folder
-                raise FileNotFoundError(
-                    f"{key}: folder {path} does not exist"
-                    if not Path(path).exists()
-                    else f"{key}: {path} is a file, not a folder"
-                )
-            skipped: list[str] = []
-            limit = TextLimit(self.max_text_chars)
-            records = self.load_records(split, skipped, limit)
-            if folder is not None and self.preflight_scan and self.on_bad_image == "error":
-                check_images_found(split, records, *folder)
-            for what, length in limit.cut:  # each file's count is logged by its reader
-                self.report.add(
-                    split, "truncated", what, f"{length} characters > data.max_text_chars={limit.max_chars}"
-                )
-            self._records[split] = screen(
+            self._records[split] = read_split(
                 split,
-                records,
-                skipped,
-                self.on_bad_image,
-                self.on_bad_annotation,
-                self.report,
-                self.describe,
+                self.load_records,
+                folder=self.image_folder(split),
                 scan=self.preflight_scan,
+                max_text_chars=self.max_text_chars,
+                on_bad_image=self.on_bad_image,
+                on_bad_annotation=self.on_bad_annotation,
                 max_pixels=self.max_image_pixels,
+                report=self.report,
+                describe=self.describe,
             )
         return self._records[split]
 
@@ -227,31 +199,23 @@ class ImageTextDataModule(L.LightningDataModule):
         for split, train in wanted:
             if split not in self.datasets and self.has_split(split):
                 transform = build_pixels(self.image_size, train=train, crop_scale=self.crop_scale)
-                self.datasets[split] = self.make_dataset(self.records(split), transform, train)
-                self._keep_in_memory(split, train)
+                records = self.records(split)
+                dataset = self.datasets[split] = self.make_dataset(records, transform, train)
+                if isinstance(dataset, ImageTextDataset):
+                    keep_split_in_memory(
+                        dataset,
+                        split,
+                        in_memory=self.in_memory,
+                        images=len({r.path for r in records}),
+                        image_size=self.image_size,
+                        random_crops=train and self.crop_scale is not None,
+                        on_bad_image=self.on_bad_image,
+                    )
         trainer = self.trainer  # attached by Trainer.fit/validate(datamodule=...)
         if trainer is not None and trainer.is_global_zero and self.report.path is None:
             written = self.report.write(Path(trainer.default_root_dir) / REPORT_FILE)
             if written is not None:
                 log.warning("bad data: everything left out is listed in %s", written)
-
-    def _keep_in_memory(self, split: str, train: bool) -> None:
-        """Decode the split's images into memory now when ``in_memory`` says so (see the class docs)."""
-        dataset = self.datasets[split]
-        if self.in_memory is False or not isinstance(dataset, ImageTextDataset):
-            return
-        if train and self.crop_scale is not None:
-            if self.in_memory is True:
-                log.warning("data.in_memory=true ignored for training: random crops need the original images")
-            return
-        images = len({r.path for r in self.records(split)})
-        if self.in_memory == "auto" and not fits_in_memory(images, self.image_size):
-            return
-        memory = dataset.keep_in_memory(self.image_size, desc=f"decoding {split} images")
-        log.info("%s split: %d images decoded into memory (%.0f MB)", split, len(memory), memory.nbytes / 1e6)
-        if memory.failed and self.on_bad_image == "error":
-            path, reason = next(iter(memory.failed.items()))
-            raise ImageLoadError(path, f"{reason} ({DECODE_HINT})")
 
     def _loader(self, split: str, train: bool) -> DataLoader:
         self.setup("fit" if train else "test" if split == "test" else "validate")
@@ -261,9 +225,11 @@ class ImageTextDataModule(L.LightningDataModule):
                 "that learns one and call setup('fit') first"
             )
         self._report_long_texts(split)
+        dataset = self.datasets[split]
+        examples = len(dataset)  # type: ignore[arg-type]
         trainer = self.trainer  # None outside a Trainer
         sampler = ShardedBatchSampler(
-            len(self.datasets[split]),  # type: ignore[arg-type]
+            examples,
             self.batch_size if train else self.eval_batch_size,
             shuffle=train,
             drop_last=train,
@@ -272,39 +238,24 @@ class ImageTextDataModule(L.LightningDataModule):
             world_size=trainer.world_size if trainer else 1,
             groups=self.example_groups(split) if train else None,
         )
-        if train and len(sampler) == 0:
-            self._no_full_batch(len(self.datasets[split]), sampler.world_size)
-        if train and self._resume_at is not None:
-            sampler.resume(*self._resume_at)
-            self._resume_at = None
-        if self.num_workers > 0:
-            # the workers fork from this process and share its memory until they write to it; the
-            # cyclic garbage collector writes to every object it visits, so each worker would copy
-            # the pages of all the records, vocabularies... held here. Frozen, they are left alone.
-            gc.freeze()
-        dataset = self.datasets[split]
-        return ScreenedLoader(
-            SeededDataset(dataset, reseed=getattr(dataset, "draws_random", True)),
+        if train:
+            check_full_batch(sampler, examples)
+            if self._resume_at is not None:
+                sampler.resume(*self._resume_at)
+                self._resume_at = None
+        return serve(
+            dataset,
+            sampler,
+            collate=self.make_collator(),
             failures=DecodeFailures(split, self.on_bad_image, self.report),
-            batch_sampler=sampler,
             num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-            collate_fn=self.make_collator(),
-            generator=torch.Generator().manual_seed(self.seed),  # worker seeds: not from the global RNG
+            seed=self.seed,
+            reseed=getattr(dataset, "draws_random", True),
         )
 
     def example_groups(self, split: str) -> list[int] | None:
         """A group id per example of ``split``, to batch each group's examples together (None: no groups)."""
         return None
-
-    def _no_full_batch(self, examples: int, world_size: int) -> None:
-        """Refuse a training split too small for one full batch: it would train 0 steps and look done."""
-        processes = f" per process ({world_size} processes)" if world_size > 1 else ""
-        raise ConfigError(
-            f"data.batch_size={self.batch_size}: the training split has {examples} examples, not one full "
-            f"batch{processes} (incomplete batches are dropped), so training would take no step; set "
-            f"data.batch_size={max(1, examples // world_size)} or less"
-        )
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         """A flat dict's tensors to ``device``, its other values (lists of answers, references,
@@ -316,16 +267,10 @@ class ImageTextDataModule(L.LightningDataModule):
         return {k: move_data_to_device(v, device) if isinstance(v, Tensor) else v for k, v in batch.items()}
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Lightning's hook once a batch is on the training device: its uint8 images normalised
-        there (`mmtx.data.transforms`), shifted at random first in training when ``shift_px`` says
-        so (a quarter of the bytes to move while still uint8): each image by an offset drawn from
-        the run's seed, the epoch and its image id, the same on any number of processes."""
-        if self.shift_px and self.trainer is not None and self.trainer.training:
-            ids = batch.get("image_ids")  # one per row of images
-            seeds = None if ids is None else image_seeds(self.seed, self.trainer.current_epoch, ids)
-            batch["images"] = random_shift(batch["images"], self.shift_px, seeds)
-        batch["images"] = normalize_images(batch["images"])
-        return batch
+        """Lightning's hook once a batch is on the training device: its images prepared there
+        (`mmtx.data.transforms.OnDevice`: shifted at random in training, normalised)."""
+        training = self.trainer is not None and self.trainer.training
+        return self.on_device(batch, self.trainer.current_epoch if training else None)
 
     # --- resuming mid-epoch ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, int]:
@@ -348,19 +293,6 @@ class ImageTextDataModule(L.LightningDataModule):
 
     def _report_long_texts(self, split: str) -> None:
         """Count (once per split) the texts longer than ``max_length`` tokens: cut, and reported."""
-        if split in self._lengths_checked:
-            return
-        self._lengths_checked.add(split)
-        items = self.input_texts(split)
-        long = longer_than(self.tokenizer, items, self.max_length)
-        for what, length in long:
-            self.report.add(split, "truncated", what, f"{length} tokens > data.max_length={self.max_length}")
-        if long:
-            log.warning(
-                "%s split: %d of %d texts are longer than data.max_length=%d tokens and are cut (the longest has %d)",
-                split,
-                len(long),
-                len(items),
-                self.max_length,
-                max(n for _, n in long),
-            )
+        if split not in self._lengths_checked:
+            self._lengths_checked.add(split)
+            report_long_texts(split, self.input_texts(split), self.tokenizer, self.max_length, self.report)

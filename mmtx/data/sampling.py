@@ -11,11 +11,15 @@ a resumed run replays exactly what the uninterrupted one would have done.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import gc
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import Dataset, Sampler
+
+from mmtx.config_error import ConfigError
+from mmtx.data.bad_data import DecodeFailures, ScreenedLoader
 
 
 class ShardedBatchSampler(Sampler[list[tuple[int, int]]]):
@@ -155,3 +159,44 @@ def position_in_epoch(trainer: Any) -> dict[str, int]:
         return {}
     batches_done = trainer.fit_loop.epoch_loop.batch_progress.current.ready
     return {"epoch": trainer.current_epoch, "batches_done": batches_done}
+
+
+def check_full_batch(sampler: ShardedBatchSampler, examples: int) -> None:
+    """Refuse a training split too small for one full batch: it would train 0 steps and look done."""
+    if len(sampler) > 0:
+        return
+    processes = f" per process ({sampler.world_size} processes)" if sampler.world_size > 1 else ""
+    raise ConfigError(
+        f"data.batch_size={sampler.batch_size}: the training split has {examples} examples, not one full "
+        f"batch{processes} (incomplete batches are dropped), so training would take no step; set "
+        f"data.batch_size={max(1, examples // sampler.world_size)} or less"
+    )
+
+
+def serve(
+    dataset: Dataset,
+    sampler: ShardedBatchSampler,
+    *,
+    collate: Callable[[list[Any]], Any],
+    failures: DecodeFailures,
+    num_workers: int,
+    seed: int,
+    reseed: bool = True,
+) -> ScreenedLoader:
+    """A loader of ``sampler``'s batches of ``dataset``, each example read under its own seed
+    (`SeededDataset`; ``reseed=False`` where reading draws no random number) and images that fail
+    to decode in a worker handled by ``failures`` in this process."""
+    if num_workers > 0:
+        # the workers fork from this process and share its memory until they write to it; the
+        # cyclic garbage collector writes to every object it visits, so each worker would copy
+        # the pages of all the records, vocabularies... held here. Frozen, they are left alone.
+        gc.freeze()
+    return ScreenedLoader(
+        SeededDataset(dataset, reseed=reseed),
+        failures=failures,
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+        collate_fn=collate,
+        generator=torch.Generator().manual_seed(seed),  # worker seeds: not from the global RNG
+    )

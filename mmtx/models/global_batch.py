@@ -54,6 +54,11 @@ class GlobalBatch:
             return x.detach()
         return self.all_gather(x.detach()).sum(0)
 
+    def mean(self, total: Tensor, count: Tensor) -> Tensor:
+        """This process's share of a mean over every process's items: its ``total`` over the
+        processes' summed ``count``, times their number (data-parallel training averages gradients)."""
+        return total * self.world_size / self.total(count).clamp_min(1)
+
     def longest(self, length: int, device: torch.device | None = None) -> int:
         """The largest ``length`` of any process (e.g. the width one process with the whole batch
         would have padded its texts to)."""

@@ -21,8 +21,9 @@ from torch import Tensor, nn
 
 from mmtx.models.decoder import CaptionDecoder
 from mmtx.models.global_batch import GlobalBatch
-from mmtx.models.masking import IGNORE, mask_patches, mask_tokens
+from mmtx.models.masking import mask_patches, mask_tokens
 from mmtx.models.patch_targets import NormalizedPixels
+from mmtx.models.pretraining_losses import caption_loss, itc_loss, itm_loss, mlm_loss, mpm_loss, pick_negatives
 from mmtx.models.text import mean_of_tokens
 from mmtx.models.two_stream import TwoStreamModel, Unimodal
 from mmtx.nn.init import init_weights
@@ -226,7 +227,8 @@ class TwoStreamPretrainer(nn.Module):
         objectives: Objectives,
         batch: GlobalBatch | None = None,
     ) -> dict[str, Tensor]:
-        """Losses and accuracies on this process's pairs; ``loss`` is their weighted sum.
+        """Losses and accuracies on this process's pairs (`mmtx.models.pretraining_losses`);
+        ``loss`` is their weighted sum.
 
         Pairs of the same ``image_ids`` count as aligned (a batch may hold two captions of one
         image). ``batch`` places these rows in the global batch of data-parallel training
@@ -235,124 +237,68 @@ class TwoStreamPretrainer(nn.Module):
         scaled so that the processes' averaged gradients are those of one process with the whole
         batch (a mean over tokens or patches is taken over the global batch's).
         """
-        obj, device, batch = objectives, images.device, batch or GlobalBatch()
-        b, n = images.shape[0], batch.world_size
-        width = batch.longest(input_ids.shape[1], device)  # the texts padded as one process would
-        if width > input_ids.shape[1]:
-            pad = (0, width - input_ids.shape[1])
-            input_ids = F.pad(input_ids, pad, value=self.backbone.text.token_embed.padding_idx)
-            text_mask = F.pad(text_mask, pad, value=False)
-
-        def global_mean(
-            total: Tensor, count: Tensor
-        ) -> Tensor:  # this process's share of a mean over every process's items
-            return total * n / batch.total(count).clamp_min(1)
-
-        special = torch.tensor(self.special_ids, device=device)
-        labels, unmasked_ids = None, input_ids
-        if obj.mlm > 0:
-            if self.mask_id is None:
-                raise ValueError("TwoStreamPretrainer.mask_id is not set (the tokenizer's [MASK] id)")
-            maskable = text_mask & ~torch.isin(input_ids, special)
-            input_ids, labels = mask_tokens(
-                input_ids,
-                maskable,
-                self.mask_id,
-                self.backbone.text.token_embed.num_embeddings,
-                obj.mask_prob,
-                batch,
-                self.special_ids,
-            )
-        picked = replaced = None
-        if obj.mpm > 0:
-            grid = self.backbone.vision.patch_embed.grid(*images.shape[-2:])
-            picked, replaced = mask_patches(
-                b, grid[0] * grid[1], obj.patch_mask_prob, obj.patch_replace_prob, batch, device
-            )
-        u = self.backbone.unimodal(images, input_ids, text_mask, replaced)
+        obj, batch = objectives, batch or GlobalBatch()
+        input_ids, text_mask = self._padded(input_ids, text_mask, batch)
+        labels, masked_ids = self._mask_text(input_ids, text_mask, obj, batch) if obj.mlm > 0 else (None, input_ids)
+        picked, replaced = self._mask_patches(images, obj, batch) if obj.mpm > 0 else (None, None)
+        u = self.backbone.unimodal(images, masked_ids, text_mask, replaced)
+        all_ids = batch.gather(image_ids)  # (B,)
 
         out: dict[str, Tensor] = {}
-        if obj.caption > 0:  # [BOS] w1 .. wn -> w1 .. wn [EOS], from the vision stream alone
-            logits = self.caption_decoder(unmasked_ids[:, :-1], u.vision)
-            targets = unmasked_ids[:, 1:].masked_fill(~text_mask[:, 1:], IGNORE)
-            loss = F.cross_entropy(
-                logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="sum"
-            )
-            out["caption_loss"] = global_mean(loss, (targets != IGNORE).sum())
-        all_ids = batch.gather(image_ids)  # (B,)
+        if obj.caption > 0:  # from the vision stream alone, on the unmasked text
+            out["caption_loss"] = caption_loss(self.caption_decoder, input_ids, text_mask, u.vision, batch)
+        similarity = None  # (B, B) of the global batch, to draw hard negatives by
         if obj.itc > 0:  # this process's images against every text, its texts against every image
-            vision_emb, text_emb = self.itc_embeddings(u)
-            all_vision, all_text = batch.gather(vision_emb), batch.gather(text_emb)
+            vision, text = self.itc_embeddings(u)
+            all_vision, all_text = batch.gather(vision), batch.gather(text)
             positives = image_ids[:, None] == all_ids[None, :]  # (b, B)
-            scale = self.itc_scale()
-            i2t, t2i = scale * vision_emb @ all_text.T, scale * text_emb @ all_vision.T
-            out["itc_loss"] = (soft_cross_entropy(i2t, positives) + soft_cross_entropy(t2i, positives)) / 2
-        text_index = torch.arange(b, device=device) + batch.rank * b  # each image's own text, in the global batch
+            out["itc_loss"] = itc_loss(vision, text, all_vision, all_text, positives, self.itc_scale())
+            if obj.itm > 0 and obj.hard_negatives:
+                similarity = (self.itc_scale() * all_vision @ all_text.T).detach()
+        b = images.shape[0]
+        text_index = torch.arange(b, device=images.device) + batch.rank * b  # each image's own text, globally
         if obj.itm > 0:
-            similarity = None
-            if obj.itc > 0 and obj.hard_negatives:
-                similarity = (self.itc_scale() * all_vision @ all_text.T).detach()  # (B, B)
             text_index = pick_negatives(all_ids[:, None] == all_ids[None, :], obj.negative_prob, similarity, batch)
-            if n > 1:  # negatives from other processes: their texts gathered, gradients flowing back
+            if batch.world_size > 1:  # negatives from other processes: their texts gathered, gradients flowing back
                 u = Unimodal(u.vision, batch.gather(u.text), batch.gather(text_mask), u.vision_rope, u.text_rope)
-            joint = self.backbone.fuse(u.select_text(text_index))
-        else:
-            joint = self.backbone.fuse(u)
+            u = u.select_text(text_index)
+        joint = self.backbone.fuse(u)
         aligned = all_ids[text_index] == image_ids  # (b,)
 
         if obj.itm > 0:
-            logits = self.itm_head(joint.pooled)
-            out["itm_loss"] = F.cross_entropy(logits.float(), aligned.long())
-            out["itm_acc"] = (logits.argmax(-1) == aligned.long()).float().mean()
-        if labels is not None:  # MLM on aligned pairs only, as ViLBERT (an aligned pair reads its own text)
-            lab = labels.masked_fill(~aligned[:, None], IGNORE)
-            rows = lab != IGNORE
-            logits = self.mlm_head(joint.text[rows])
-            count = rows.sum()
-            out["mlm_loss"] = global_mean(F.cross_entropy(logits.float(), lab[rows], reduction="sum"), count)
-            out["mlm_acc"] = global_mean((logits.argmax(-1) == lab[rows]).sum().float(), count)
+            out["itm_loss"], out["itm_acc"] = itm_loss(self.itm_head(joint.pooled), aligned)
+        if labels is not None:
+            out["mlm_loss"], out["mlm_acc"] = mlm_loss(self.mlm_head, joint.text, labels, aligned, batch)
         if picked is not None:
-            sel = picked & aligned[:, None]
-            pred = self.mpm_head(joint.vision[:, 1:][sel])
-            target = self.patch_target(images)[sel]
-            loss = F.mse_loss(pred.float(), target, reduction="sum")
-            out["mpm_loss"] = global_mean(loss, sel.sum() * target.shape[-1])
+            targets = self.patch_target(images)
+            out["mpm_loss"] = mpm_loss(self.mpm_head, joint.vision[:, 1:], targets, picked, aligned, batch)
         out["loss"] = sum(getattr(obj, k.removesuffix("_loss")) * v for k, v in out.items() if k.endswith("_loss"))
         return out
 
+    def _padded(self, input_ids: Tensor, text_mask: Tensor, batch: GlobalBatch) -> tuple[Tensor, Tensor]:
+        """The texts padded to the longest of any process, as one process with the whole batch would pad them."""
+        width = batch.longest(input_ids.shape[1], input_ids.device)
+        if width == input_ids.shape[1]:
+            return input_ids, text_mask
+        pad = (0, width - input_ids.shape[1])
+        input_ids = F.pad(input_ids, pad, value=self.backbone.text.token_embed.padding_idx)
+        return input_ids, F.pad(text_mask, pad, value=False)
 
-def soft_cross_entropy(logits: Tensor, positives: Tensor) -> Tensor:
-    """Cross-entropy of each row's softmax against the uniform distribution over its positives
-    (``positives`` (R, C) bool, at least one per row), averaged over the rows."""
-    targets = positives.float()
-    return -(targets / targets.sum(1, keepdim=True) * logits.float().log_softmax(1)).sum(1).mean()
+    def _mask_text(
+        self, input_ids: Tensor, text_mask: Tensor, obj: Objectives, batch: GlobalBatch
+    ) -> tuple[Tensor, Tensor]:
+        """Labels (b, T) of the words picked for MLM (`IGNORE` elsewhere) and the masked ids."""
+        if self.mask_id is None:
+            raise ValueError("TwoStreamPretrainer.mask_id is not set (the tokenizer's [MASK] id)")
+        special = torch.tensor(self.special_ids, device=input_ids.device)
+        maskable = text_mask & ~torch.isin(input_ids, special)
+        vocab = self.backbone.text.token_embed.num_embeddings
+        masked, labels = mask_tokens(input_ids, maskable, self.mask_id, vocab, obj.mask_prob, batch, self.special_ids)
+        return labels, masked
 
-
-def contrastive_loss(sim: Tensor, positives: Tensor) -> Tensor:
-    """Symmetric InfoNCE (CLIP) with possibly several positives per row: cross-entropy against
-    the uniform distribution over each row's (and column's) positives."""
-    return (soft_cross_entropy(sim, positives) + soft_cross_entropy(sim.T, positives.T)) / 2
-
-
-def pick_negatives(
-    same_image: Tensor,
-    negative_prob: float,
-    similarity: Tensor | None = None,
-    draws: GlobalBatch | None = None,
-) -> Tensor:
-    """For each image row of this process, the text row (of the global batch) it is paired with:
-    its own, or (with ``negative_prob``) a text of another image — drawn in proportion to
-    softmax(similarity) when given (hard negatives), else uniformly. Rows with no other image
-    keep their own text. ``same_image`` and ``similarity`` are (B, B) over the global batch;
-    ``draws`` places this process's rows in it (default: one process). Returns (b,)."""
-    draws = draws or GlobalBatch()
-    B, device = same_image.shape[0], same_image.device
-    b = B // draws.world_size
-    weights = torch.ones(B, B, device=device) if similarity is None else similarity.float().softmax(1)
-    weights = weights.masked_fill(same_image, 0)
-    has_other = weights.sum(1) > 0
-    weights = torch.where(has_other[:, None], weights, torch.ones_like(weights))
-    other = draws.multinomial(weights)
-    rows = draws.rows(b)
-    swap = (draws.rand(b, device=device) < negative_prob) & has_other[rows]
-    return torch.where(swap, other, torch.arange(B, device=device)[rows])
+    def _mask_patches(self, images: Tensor, obj: Objectives, batch: GlobalBatch) -> tuple[Tensor, Tensor]:
+        """The patches picked for MPM and those of them replaced by the mask embedding, each (b, N)."""
+        rows, cols = self.backbone.vision.patch_embed.grid(*images.shape[-2:])
+        return mask_patches(
+            images.shape[0], rows * cols, obj.patch_mask_prob, obj.patch_replace_prob, batch, images.device
+        )

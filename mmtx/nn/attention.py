@@ -211,52 +211,60 @@ class Attention(nn.Module):
         then projected once per context row (``key_padding_mask`` stays one row per row of ``x``;
         not with a ``cache``, whose rows ``b*g .. b*g+g-1`` share context row ``b`` instead).
         """
-        B, T, C = x.shape
         if context_index is not None and (cache is not None or not self.is_cross):
             raise ValueError("context_index is for cross-attention without a cache")
         if self.is_cross:
-            if context is None and (cache is None or not cache.ready):
-                raise ValueError("cross-attention needs a context (or a filled cache)")
-            if cache is not None and cache.ready:
-                k, v = cache.k, cache.v  # computed once per image
-            elif cache is not None:
-                # kept contiguous, (2, B, H, S, Dh) in one copy: every later decoding step reads
-                # them whole, and strided rows would slow each of those reads
-                k, v = self._heads(self.kv(context), 2).contiguous().unbind(0)
-                cache.store(k, v)
-            else:
-                kv = self.kv(context)  # (Bc, S, 2*dim): projected once per context row
-                if context_index is not None:
-                    # one contiguous gather of keys and values together: its backward is one
-                    # index_add over the projections, not an index_put per head view
-                    kv = kv.index_select(0, context_index)
-                k, v = self._heads(kv, 2).unbind(0)
-            groups = B // k.shape[0]
-            if groups > 1:  # rows b*g .. b*g+g-1 share context row b: one query sequence per context
-                return self._grouped_cross(x, k, v, groups, key_padding_mask)
-            q = self._heads(self.q(x), 1)[0]
-            mask = build_attn_mask(key_padding_mask, False, T, k.shape[2], x.device)
-            is_causal = False
+            return self._cross(x, context, key_padding_mask, cache, context_index)
+        q, k, v = self._heads(self.qkv(x), 3).unbind(0)  # (B, H, T, Dh) each
+        if rope is not None:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        T, S = q.shape[2], k.shape[2]
+        # the causal flag alone is exact (and fastest) when queries and keys are aligned
+        is_causal = causal and key_padding_mask is None and S == T and T > 1
+        mask = None if is_causal else build_attn_mask(key_padding_mask, causal, T, S, x.device)
+        return self._attend(q, k, v, mask, is_causal, x.shape)
+
+    def _cross(
+        self,
+        x: Tensor,
+        context: Tensor | None,
+        key_padding_mask: Tensor | None,
+        cache: KVCache | None,
+        context_index: Tensor | None,
+    ) -> Tensor:
+        """Cross-attention (see `forward`): keys and values from ``context`` or a filled ``cache``."""
+        if context is None and (cache is None or not cache.ready):
+            raise ValueError("cross-attention needs a context (or a filled cache)")
+        if cache is not None and cache.ready:
+            k, v = cache.k, cache.v  # computed once per image
+        elif cache is not None:
+            # kept contiguous, (2, B, H, S, Dh) in one copy: every later decoding step reads
+            # them whole, and strided rows would slow each of those reads
+            k, v = self._heads(self.kv(context), 2).contiguous().unbind(0)
+            cache.store(k, v)
         else:
-            q, k, v = self._heads(self.qkv(x), 3).unbind(0)  # (B, H, T, Dh) each
-            if rope is not None:
-                q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-            if cache is not None:
-                k, v = cache.append(k, v)
-            S = k.shape[2]
-            # the causal flag alone is exact (and fastest) when queries and keys are aligned
-            is_causal = causal and key_padding_mask is None and S == T and T > 1
-            mask = None if is_causal else build_attn_mask(key_padding_mask, causal, T, S, x.device)
-        y = sdpa(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            is_causal=is_causal,
-            dropout_p=self.attn_dropout if self.training else 0.0,
-        )  # (B, H, T, Dh)
-        y = y.transpose(1, 2).reshape(B, T, C)
-        return self.proj_dropout(self.proj(y))
+            kv = self.kv(context)  # (Bc, S, 2*dim): projected once per context row
+            if context_index is not None:
+                # one contiguous gather of keys and values together: its backward is one
+                # index_add over the projections, not an index_put per head view
+                kv = kv.index_select(0, context_index)
+            k, v = self._heads(kv, 2).unbind(0)
+        groups = x.shape[0] // k.shape[0]
+        if groups > 1:  # rows b*g .. b*g+g-1 share context row b: one query sequence per context
+            return self._grouped_cross(x, k, v, groups, key_padding_mask)
+        q = self._heads(self.q(x), 1)[0]
+        mask = build_attn_mask(key_padding_mask, False, x.shape[1], k.shape[2], x.device)
+        return self._attend(q, k, v, mask, False, x.shape)
+
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, shape: torch.Size
+    ) -> Tensor:
+        """The heads' attention (B, H, T, Dh), joined and projected to ``shape`` (B, T, dim)."""
+        dropout = self.attn_dropout if self.training else 0.0
+        y = sdpa(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout)  # (B, H, T, Dh)
+        return self.proj_dropout(self.proj(y.transpose(1, 2).reshape(shape)))
 
     def _grouped_cross(self, x: Tensor, k: Tensor, v: Tensor, groups: int, key_padding_mask: Tensor | None) -> Tensor:
         """Cross-attention of ``x`` (B*g, T, dim) to keys/values of B contexts, where every g
@@ -266,7 +274,7 @@ class Attention(nn.Module):
         the keys/values are read once per context instead of being copied g times. Each query's
         result is the same as with repeated keys/values.
         """
-        B, T, C = x.shape
+        B, T, _ = x.shape
         Bk = k.shape[0]
         if B != Bk * groups:
             raise ValueError(f"{B} query rows do not divide into groups of {Bk} context rows")
@@ -274,6 +282,4 @@ class Attention(nn.Module):
         if key_padding_mask is not None and key_padding_mask.shape[0] == B:
             key_padding_mask = key_padding_mask[::groups]  # the same context mask for each group
         mask = build_attn_mask(key_padding_mask, False, groups * T, k.shape[2], x.device)
-        y = sdpa(q, k, v, attn_mask=mask, dropout_p=self.attn_dropout if self.training else 0.0)  # (Bk, H, gT, Dh)
-        y = y.transpose(1, 2).reshape(B, T, C)
-        return self.proj_dropout(self.proj(y))
+        return self._attend(q, k, v, mask, False, x.shape)  # (Bk, H, gT, Dh) read as (B, T, dim)

@@ -1,4 +1,4 @@
-"""scripts/bench.py: the comparison size, the FLOP count, and one tiny end-to-end run of the script."""
+"""scripts/bench.py and its parts (bench_models, bench_hardware): sizes, FLOPs, one tiny end-to-end run."""
 
 from __future__ import annotations
 
@@ -7,22 +7,29 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench.py"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+SCRIPT = SCRIPTS / "bench.py"
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("mmtx_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["mmtx_bench"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules["mmtx_bench"]
+    """The script's models and measures (scripts/bench_models.py, scripts/bench_hardware.py) in one namespace."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import bench_hardware
+        import bench_models
+
+        yield SimpleNamespace(**{**vars(bench_hardware), **vars(bench_models)})
+    finally:
+        sys.path.remove(str(SCRIPTS))
+        for name in ("bench_hardware", "bench_models"):
+            sys.modules.pop(name, None)
 
 
 def n_params(model: torch.nn.Module) -> int:

@@ -33,6 +33,7 @@ class GeneratedSplits:
     data set already drawn under ``root`` (``mmtx-eval`` from a checkpoint's recorded config).
     """
 
+    image_size: int  # the data module's
     generate: Callable[..., dict[str, tuple[Path, ...]]]
     read: Callable[..., list[Any]]
     check: Callable[..., None]  # refuses a spec ``generate`` cannot draw: at construction, not in prepare_data
@@ -50,7 +51,7 @@ class GeneratedSplits:
     ) -> None:
         super().__init__(**kwargs)
         spec = dict(num_train=num_train, num_val=num_val, seed=seed, **settings)
-        self.check(image_size=self.image_size, **spec)  # type: ignore[attr-defined]
+        self.check(image_size=self.image_size, **spec)
         self.root, self.spec, self.draw = Path(root), spec, draw
         self._files: dict[str, tuple[Path, ...]] | None = None
 
@@ -60,7 +61,7 @@ class GeneratedSplits:
     def files(self) -> dict[str, tuple[Path, ...]]:
         """Each split's files, generating the data set if needed."""
         if self._files is None:
-            self._files = self.generate(self.root, image_size=self.image_size, draw=self.draw, **self.spec)  # type: ignore[attr-defined]
+            self._files = self.generate(self.root, image_size=self.image_size, draw=self.draw, **self.spec)
         return self._files
 
     def has_split(self, split: str) -> bool:

@@ -1,0 +1,105 @@
+"""The two-stream pretraining objectives' losses, one function each, on one process's rows.
+
+Each takes what its head computed and this process's place in the global batch
+(:class:`GlobalBatch`): a mean over tokens or patches is this process's share of the global
+batch's mean (`GlobalBatch.mean`), so that the processes' averaged gradients are those of one
+process with the whole batch. :class:`mmtx.models.pretraining.TwoStreamPretrainer` masks the
+inputs, runs the model and weighs these.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mmtx.models.global_batch import GlobalBatch
+from mmtx.models.masking import IGNORE
+
+
+def caption_loss(
+    decoder: nn.Module, input_ids: Tensor, text_mask: Tensor, vision: Tensor, batch: GlobalBatch
+) -> Tensor:
+    """Teacher-forced cross-entropy of ``[BOS] w1 .. wn -> w1 .. wn [EOS]`` (pads ignored),
+    written from the vision stream's own tokens ``vision`` (B, 1 + N, Dv)."""
+    logits = decoder(input_ids[:, :-1], vision)
+    targets = input_ids[:, 1:].masked_fill(~text_mask[:, 1:], IGNORE)
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="sum")
+    return batch.mean(loss, (targets != IGNORE).sum())
+
+
+def itc_loss(
+    vision: Tensor, text: Tensor, all_vision: Tensor, all_text: Tensor, positives: Tensor, scale: Tensor
+) -> Tensor:
+    """The contrastive loss of this process's image embeddings ``vision`` (b, E) against every
+    process's texts ``all_text`` (B, E), and of its texts against every image; ``positives``
+    (b, B) marks the pairs of the same image."""
+    i2t, t2i = scale * vision @ all_text.T, scale * text @ all_vision.T
+    return (soft_cross_entropy(i2t, positives) + soft_cross_entropy(t2i, positives)) / 2
+
+
+def itm_loss(logits: Tensor, aligned: Tensor) -> tuple[Tensor, Tensor]:
+    """Cross-entropy and accuracy of the alignment logits (b, 2) [not aligned, aligned]."""
+    return F.cross_entropy(logits.float(), aligned.long()), (logits.argmax(-1) == aligned.long()).float().mean()
+
+
+def mlm_loss(
+    head: nn.Module, text: Tensor, labels: Tensor, aligned: Tensor, batch: GlobalBatch
+) -> tuple[Tensor, Tensor]:
+    """Cross-entropy and accuracy of the masked words ``labels`` (b, T) (`IGNORE` elsewhere),
+    predicted by ``head`` from the fused text tokens ``text`` (b, T, Dt); only on aligned pairs,
+    as ViLBERT (an aligned pair reads its own text)."""
+    labels = labels.masked_fill(~aligned[:, None], IGNORE)
+    rows = labels != IGNORE
+    logits = head(text[rows])
+    count = rows.sum()
+    loss = batch.mean(F.cross_entropy(logits.float(), labels[rows], reduction="sum"), count)
+    return loss, batch.mean((logits.argmax(-1) == labels[rows]).sum().float(), count)
+
+
+def mpm_loss(
+    head: nn.Module, patches: Tensor, targets: Tensor, picked: Tensor, aligned: Tensor, batch: GlobalBatch
+) -> Tensor:
+    """Mean squared error of the ``picked`` (b, N) patches' targets (b, N, P) regressed by
+    ``head`` from the fused patch tokens ``patches`` (b, N, Dv); only on aligned pairs."""
+    sel = picked & aligned[:, None]
+    pred = head(patches[sel])
+    target = targets[sel]
+    return batch.mean(F.mse_loss(pred.float(), target, reduction="sum"), sel.sum() * target.shape[-1])
+
+
+def soft_cross_entropy(logits: Tensor, positives: Tensor) -> Tensor:
+    """Cross-entropy of each row's softmax against the uniform distribution over its positives
+    (``positives`` (R, C) bool, at least one per row), averaged over the rows."""
+    targets = positives.float()
+    return -(targets / targets.sum(1, keepdim=True) * logits.float().log_softmax(1)).sum(1).mean()
+
+
+def contrastive_loss(sim: Tensor, positives: Tensor) -> Tensor:
+    """Symmetric InfoNCE (CLIP) with possibly several positives per row: cross-entropy against
+    the uniform distribution over each row's (and column's) positives."""
+    return (soft_cross_entropy(sim, positives) + soft_cross_entropy(sim.T, positives.T)) / 2
+
+
+def pick_negatives(
+    same_image: Tensor,
+    negative_prob: float,
+    similarity: Tensor | None = None,
+    draws: GlobalBatch | None = None,
+) -> Tensor:
+    """For each image row of this process, the text row (of the global batch) it is paired with:
+    its own, or (with ``negative_prob``) a text of another image — drawn in proportion to
+    softmax(similarity) when given (hard negatives), else uniformly. Rows with no other image
+    keep their own text. ``same_image`` and ``similarity`` are (B, B) over the global batch;
+    ``draws`` places this process's rows in it (default: one process). Returns (b,)."""
+    draws = draws or GlobalBatch()
+    B, device = same_image.shape[0], same_image.device
+    b = B // draws.world_size
+    weights = torch.ones(B, B, device=device) if similarity is None else similarity.float().softmax(1)
+    weights = weights.masked_fill(same_image, 0)
+    has_other = weights.sum(1) > 0
+    weights = torch.where(has_other[:, None], weights, torch.ones_like(weights))
+    other = draws.multinomial(weights)
+    rows = draws.rows(b)
+    swap = (draws.rand(b, device=device) < negative_prob) & has_other[rows]
+    return torch.where(swap, other, torch.arange(B, device=device)[rows])
