@@ -169,21 +169,22 @@ def build_problems(cfg: DictConfig, broken: set[str] = frozenset()) -> list[str]
         with torch.device("meta"), warnings.catch_warnings():
             # public weights loaded into meta tensors (model=caption_pretrained): a no-op, as meant
             warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter")
-            _built(
-                problems,
-                cfg,
-                "task",
-                lambda: instantiate(
-                    cfg.task,
-                    model=_plain(cfg.model),
-                    tokenizer=tokenizer.to_str(),
-                    data_config=_plain(cfg.data),
-                    **arguments,
-                    _recursive_=False,
-                    _convert_="all",
-                ),
-            )
+            _built(problems, cfg, "task", lambda: build_task(cfg, tokenizer, arguments))
     return problems
+
+
+def build_task(cfg: DictConfig, tokenizer: Tokenizer, data_arguments: dict[str, Any]) -> Any:
+    """The task of ``cfg.task``, given the model and data configs as plain dicts (it builds the
+    model itself), the tokenizer as JSON and what the data decides (``data_arguments``)."""
+    return instantiate(
+        cfg.task,
+        model=_plain(cfg.model),
+        tokenizer=tokenizer.to_str(),
+        data_config=_plain(cfg.data),
+        **data_arguments,
+        _recursive_=False,
+        _convert_="all",
+    )
 
 
 def _stand_in_tokenizer(tokenizer: DictConfig) -> Tokenizer:

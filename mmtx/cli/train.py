@@ -29,7 +29,7 @@ from mmtx.cli.common import (
     log,
     to_container,
 )
-from mmtx.config_check import check_train_config
+from mmtx.config_check import build_task, check_train_config
 from mmtx.data.tokenizer import Tokenizer, spellings
 from mmtx.metrics.table import format_metrics_table
 from mmtx.tasks.optim import budget_note
@@ -66,15 +66,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         data_arguments = {k: resumed["hyper_parameters"][k] for k in task_cls.data_arguments}
     else:
         data_arguments = task_cls.from_data(datamodule, **to_container(cfg.task))
-    task = instantiate(
-        cfg.task,
-        model=to_container(cfg.model),
-        tokenizer=tokenizer.to_str(),
-        **data_arguments,
-        data_config=to_container(cfg.data),
-        _recursive_=False,
-        _convert_="all",
-    )
+    task = build_task(cfg, tokenizer, data_arguments)
     if start:
         init_from(task, start, cfg.init_from, task.init_renames, new_tokens=_new_tokens(start, tokenizer))
     del resumed, start  # Lightning restores the resumed checkpoint itself, in fit

@@ -8,12 +8,71 @@ from torch import Tensor, nn
 
 from mmtx.models.decoder import CaptionDecoder
 from mmtx.models.text import mean_of_tokens
-from mmtx.models.two_stream import TwoStreamModel
+from mmtx.models.two_stream import Joint, TwoStreamModel
 from mmtx.nn.init import init_weights
 
-POOLINGS = ("product", "concat", "tokens", "max")
-POOLED = ("product", "concat")  # the poolings that read the backbone's pooler (`Joint.pooled`)
-LOSSES = ("bce", "softmax")
+
+# --- what the answer MLP reads: one function per ``pooling`` ------------------------------------
+def pool_product(joint: Joint, text_mask: Tensor) -> Tensor:
+    """ViLBERT's ``pool(h_IMG) * pool(h_CLS)`` (B, joint_dim)."""
+    return joint.pooled
+
+
+def pool_concat(joint: Joint, text_mask: Tensor) -> Tensor:
+    """``[pool(h_IMG); pool(h_CLS)]`` (B, 2 * joint_dim), as METER: each stream's summary kept whole."""
+    return torch.cat([joint.image_pooled, joint.text_pooled], dim=-1)
+
+
+def pool_tokens(joint: Joint, text_mask: Tensor) -> Tensor:
+    """``[mean(image tokens); mean(question tokens)]`` (B, Dv + Dt) after co-attention."""
+    return torch.cat([joint.per_text(joint.vision.mean(1)), mean_of_tokens(joint.text, text_mask)], dim=-1)
+
+
+def pool_max(joint: Joint, text_mask: Tensor) -> Tensor:
+    """As `pool_tokens`, with the image tokens' maximum instead of their mean (B, Dv + Dt)."""
+    return torch.cat([joint.per_text(joint.vision.amax(1)), mean_of_tokens(joint.text, text_mask)], dim=-1)
+
+
+POOLINGS = {"product": pool_product, "concat": pool_concat, "tokens": pool_tokens, "max": pool_max}
+
+
+def reads_pooler(pooling: str) -> bool:
+    """Whether ``pooling`` reads the backbone's pooled outputs (`Joint.pooled`, built with ``pooler``)."""
+    return pooling in ("product", "concat")
+
+
+def pooled_width(pooling: str, backbone: TwoStreamModel) -> int:
+    """The width of what ``pooling`` gives the answer MLP."""
+    tokens = backbone.vision.dim + backbone.text.dim  # pool_tokens, pool_max
+    return {"product": backbone.joint_dim, "concat": 2 * backbone.joint_dim}.get(pooling, tokens)
+
+
+# --- how the answers are scored against the annotators' soft scores: one class per ``loss`` -------
+class SigmoidAnswers:
+    """An independent sigmoid per answer, BCE summed over the answers (ViLBERT, BUTD: several
+    answers can be right)."""
+
+    def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
+        return F.binary_cross_entropy_with_logits(logits, targets, reduction="sum") / len(targets)
+
+    def probabilities(self, logits: Tensor) -> Tensor:
+        return logits.sigmoid()
+
+
+class SoftmaxAnswers:
+    """One softmax over the answers, cross-entropy against the soft scores normalised to sum to
+    one (an answer competes with the others, as in a classifier); a question none of whose answers
+    is in the vocabulary has no target and adds nothing."""
+
+    def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
+        normalised = targets / targets.sum(1, keepdim=True).clamp_min(1e-6)
+        return F.cross_entropy(logits, normalised, reduction="sum") / len(targets)
+
+    def probabilities(self, logits: Tensor) -> Tensor:
+        return logits.softmax(-1)
+
+
+LOSSES = {"bce": SigmoidAnswers, "softmax": SoftmaxAnswers}
 
 
 class VqaClassifier(nn.Module):
@@ -50,15 +109,13 @@ class VqaClassifier(nn.Module):
             raise ValueError(f"pooling={pooling!r} must be one of {', '.join(POOLINGS)}")
         if loss not in LOSSES:
             raise ValueError(f"loss={loss!r} must be one of {', '.join(LOSSES)}")
-        if pooling in POOLED and not backbone.pooler:
+        if reads_pooler(pooling) and not backbone.pooler:
             raise ValueError(
                 f"pooling={pooling!r} reads the backbone's pooled output: build it with backbone.pooler=true"
             )
-        self.backbone, self.pooling, self.loss_kind = backbone, pooling, loss
-        tokens = backbone.vision.dim + backbone.text.dim
-        width = {"product": backbone.joint_dim, "concat": 2 * backbone.joint_dim, "tokens": tokens, "max": tokens}[
-            pooling
-        ]
+        self.backbone, self.pooling = backbone, pooling
+        self.pool, self.scoring = POOLINGS[pooling], LOSSES[loss]()
+        width = pooled_width(pooling, backbone)
         hidden = int(backbone.joint_dim * hidden_mult)
         self.head = nn.Sequential(
             nn.Linear(width, hidden),
@@ -79,29 +136,15 @@ class VqaClassifier(nn.Module):
         """Answer logits (B, num_answers); ``image_index`` (B,): the row of ``images`` (U, 3, H, W)
         holding each question's image, each row encoded once (default: row i)."""
         joint = self.backbone(images, input_ids, text_mask, image_index)
-        if self.pooling in ("tokens", "max"):
-            text = mean_of_tokens(joint.text, text_mask)  # question tokens only
-            vision = joint.vision.mean(1) if self.pooling == "tokens" else joint.vision.amax(1)
-            return self.head(torch.cat([joint.per_text(vision), text], dim=-1))
-        if self.pooling == "concat":
-            return self.head(torch.cat([joint.image_pooled, joint.text_pooled], dim=-1))
-        return self.head(joint.pooled)
+        return self.head(self.pool(joint, text_mask))
 
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
-        """The loss against soft scores (B, A), mean over questions: BCE summed over answers as
-        in ViLBERT/BUTD, or the softmax's cross-entropy against the normalised scores."""
-        logits = logits.float()
-        if self.loss_kind == "bce":
-            return F.binary_cross_entropy_with_logits(logits, targets, reduction="sum") / len(targets)
-        # a question none of whose answers is in the vocabulary has no target: it adds nothing
-        return F.cross_entropy(logits, targets / targets.sum(1, keepdim=True).clamp_min(1e-6), reduction="sum") / len(
-            targets
-        )
+        """The loss against soft scores (B, A), mean over questions (see ``loss`` in the class docs)."""
+        return self.scoring.loss(logits.float(), targets)
 
     def probabilities(self, logits: Tensor) -> Tensor:
         """Each answer's probability (B, A) under the loss trained: sigmoid or softmax."""
-        logits = logits.float()
-        return logits.sigmoid() if self.loss_kind == "bce" else logits.softmax(-1)
+        return self.scoring.probabilities(logits.float())
 
 
 class VqaGenerator(nn.Module):
