@@ -18,7 +18,7 @@ MLP_RATIO = 4
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """Model shapes and workload, shared by both models (see ``parse_args`` for each field)."""
+    """Model shapes and workload, shared by both models (see ``bench.parse_args`` for each field)."""
 
     image: int = 224
     patch: int = 16

@@ -13,8 +13,8 @@ from mmtx.models.decoder import CaptionDecoder
 from mmtx.models.global_batch import GlobalBatch
 from mmtx.models.masking import IGNORE, mask_patches, mask_tokens
 from mmtx.models.patch_targets import MeanColor, NormalizedPixels, patchify
-from mmtx.models.pretraining import Objectives, TwoStreamPretrainer
-from mmtx.models.pretraining_losses import contrastive_loss, pick_negatives
+from mmtx.models.pretraining import Objectives, TwoStreamPretrainer, pick_negatives
+from mmtx.models.pretraining_losses import contrastive_loss
 from mmtx.models.two_stream import TwoStreamModel
 from mmtx.nn import CoAttentionLayer
 

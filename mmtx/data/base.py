@@ -3,7 +3,7 @@ one job each. A subclass says where a split's records come from (``load_records`
 they become examples and batches (``make_dataset``, ``make_collator``); the module reads and
 screens them (`mmtx.data.reading`), keeps a split's images in memory where asked
 (`mmtx.data.memory`), serves resumable batches in the same order on any number of processes
-(`mmtx.data.sampling`) and prepares them on the training device (`mmtx.data.transforms.OnDevice`).
+(`mmtx.data.sampling`) and prepares them on the training device (`mmtx.data.transforms.prepare_on_device`).
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from mmtx.config_error import ConfigError
 from mmtx.data.annotations import MAX_TEXT_CHARS, TextLimit
 from mmtx.data.bad_data import REPORT_FILE, BadDataReport, DecodeFailures, Policy, check_policy
-from mmtx.data.dataset import ImageTextDataset
+from mmtx.data.dataset import ImageTextDataset, keep_split_in_memory
 from mmtx.data.images import MAX_IMAGE_PIXELS
-from mmtx.data.memory import keep_split_in_memory
 from mmtx.data.reading import read_split, report_long_texts
-from mmtx.data.sampling import ShardedBatchSampler, check_full_batch, position_in_epoch, serve
+from mmtx.data.sampling import ShardedBatchSampler, position_in_epoch, serve
 from mmtx.data.splits import SPLITS
 from mmtx.data.tokenizer import Tokenizer, TokenizerError
-from mmtx.data.transforms import OnDevice, build_pixels
+from mmtx.data.transforms import build_pixels, prepare_on_device
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class ImageTextDataModule(L.LightningDataModule, ABC):
         self.crop_scale = tuple(crop_scale) if crop_scale else None
         if isinstance(shift_px, bool) or not isinstance(shift_px, int) or not 0 <= shift_px < image_size // 2:
             raise ValueError(f"data.shift_px={shift_px!r} must be an integer from 0 to image_size/2 - 1")
-        self.on_device = OnDevice(shift_px, seed=shuffle_seed)  # the batches' images on the training device
+        self.shift_px = shift_px
         self.on_bad_image = check_policy(on_bad_image, "data.on_bad_image")
         self.on_bad_annotation = check_policy(on_bad_annotation or on_bad_image, "data.on_bad_annotation")
         if isinstance(max_image_pixels, bool) or not isinstance(max_image_pixels, int) or max_image_pixels < 1:
@@ -202,15 +202,11 @@ class ImageTextDataModule(L.LightningDataModule, ABC):
                 records = self.records(split)
                 dataset = self.datasets[split] = self.make_dataset(records, transform, train)
                 if isinstance(dataset, ImageTextDataset):
+                    random_crops = train and self.crop_scale is not None
                     keep_split_in_memory(
-                        dataset,
-                        split,
-                        in_memory=self.in_memory,
-                        images=len({r.path for r in records}),
-                        image_size=self.image_size,
-                        random_crops=train and self.crop_scale is not None,
-                        on_bad_image=self.on_bad_image,
-                    )
+                        dataset, split, records, in_memory=self.in_memory, image_size=self.image_size,
+                        random_crops=random_crops,
+                    )  # fmt: skip
         trainer = self.trainer  # attached by Trainer.fit/validate(datamodule=...)
         if trainer is not None and trainer.is_global_zero and self.report.path is None:
             written = self.report.write(Path(trainer.default_root_dir) / REPORT_FILE)
@@ -239,7 +235,7 @@ class ImageTextDataModule(L.LightningDataModule, ABC):
             groups=self.example_groups(split) if train else None,
         )
         if train:
-            check_full_batch(sampler, examples)
+            self._check_full_batch(sampler, examples)
             if self._resume_at is not None:
                 sampler.resume(*self._resume_at)
                 self._resume_at = None
@@ -251,6 +247,17 @@ class ImageTextDataModule(L.LightningDataModule, ABC):
             num_workers=self.num_workers,
             seed=self.seed,
             reseed=getattr(dataset, "draws_random", True),
+        )
+
+    def _check_full_batch(self, sampler: ShardedBatchSampler, examples: int) -> None:
+        """Refuse a training split too small for one full batch: it would train 0 steps and look done."""
+        if len(sampler) > 0:
+            return
+        processes = f" per process ({sampler.world_size} processes)" if sampler.world_size > 1 else ""
+        raise ConfigError(
+            f"data.batch_size={self.batch_size}: the training split has {examples} examples, not one full "
+            f"batch{processes} (incomplete batches are dropped), so training would take no step; set "
+            f"data.batch_size={max(1, examples // sampler.world_size)} or less"
         )
 
     def example_groups(self, split: str) -> list[int] | None:
@@ -268,9 +275,10 @@ class ImageTextDataModule(L.LightningDataModule, ABC):
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Lightning's hook once a batch is on the training device: its images prepared there
-        (`mmtx.data.transforms.OnDevice`: shifted at random in training, normalised)."""
-        training = self.trainer is not None and self.trainer.training
-        return self.on_device(batch, self.trainer.current_epoch if training else None)
+        (`mmtx.data.transforms.prepare_on_device`: shifted at random in training, normalised)."""
+        trainer = self.trainer
+        epoch = trainer.current_epoch if self.shift_px and trainer is not None and trainer.training else None
+        return prepare_on_device(batch, self.shift_px, self.seed, epoch)
 
     # --- resuming mid-epoch ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, int]:

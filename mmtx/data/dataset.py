@@ -3,6 +3,7 @@ memory), a failed decode replaced by the next example's and listed for the loade
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,9 @@ from torch.utils.data import Dataset, get_worker_info
 
 from mmtx.data.bad_data import DECODE_HINT, FAILURES_KEY, Policy, check_policy
 from mmtx.data.images import MAX_IMAGE_PIXELS, ImageLoadError, read_image
-from mmtx.data.memory import ImagesInMemory
+from mmtx.data.memory import ImagesInMemory, fits_in_memory
+
+log = logging.getLogger(__name__)
 
 
 class ImageTextDataset(Dataset):
@@ -77,3 +80,27 @@ class ImageTextDataset(Dataset):
                 continue
             return {**self.example(j, record, image), FAILURES_KEY: failures}
         raise ImageLoadError(self.image_path(i), "no image of this split can be loaded")
+
+
+def keep_split_in_memory(
+    dataset: ImageTextDataset, split: str, records: list[Any], *, in_memory: bool | str, image_size: int,
+    random_crops: bool,
+) -> None:  # fmt: skip
+    """Decode the images of ``records`` (the split's, each with a ``path``) into memory now when
+    ``in_memory`` says so: ``true``, or ``auto`` when they fit in `mmtx.data.memory.MAX_MEMORY_BYTES`;
+    never for training with ``random_crops``, which need the original images. An image that fails
+    to decode stops here under the data set's ``on_bad_image=error``; under ``skip`` it is
+    replaced where it is read."""
+    if in_memory is False:
+        return
+    if random_crops:
+        if in_memory is True:
+            log.warning("data.in_memory=true ignored for training: random crops need the original images")
+        return
+    if in_memory == "auto" and not fits_in_memory(len({r.path for r in records}), image_size):
+        return
+    memory = dataset.keep_in_memory(image_size, desc=f"decoding {split} images")
+    log.info("%s split: %d images decoded into memory (%.0f MB)", split, len(memory), memory.nbytes / 1e6)
+    if memory.failed and dataset.on_bad_image == "error":
+        path, reason = next(iter(memory.failed.items()))
+        raise ImageLoadError(path, f"{reason} ({DECODE_HINT})")

@@ -9,22 +9,14 @@ loader workers share its pages instead of copying them as they touch reference c
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from mmtx.data.bad_data import DECODE_HINT, Policy
 from mmtx.data.images import MAX_IMAGE_PIXELS, FileSlice, ImageLoadError, ImageSource, map_images, read_image
 from mmtx.data.transforms import build_resize
-
-if TYPE_CHECKING:
-    from mmtx.data.dataset import ImageTextDataset
-
-log = logging.getLogger(__name__)
 
 MAX_MEMORY_BYTES = 1024**3  # `in_memory: auto` holds a split whose resized images fit in this
 
@@ -32,35 +24,6 @@ MAX_MEMORY_BYTES = 1024**3  # `in_memory: auto` holds a split whose resized imag
 def fits_in_memory(num_images: int, image_size: int, limit: int = MAX_MEMORY_BYTES) -> bool:
     """Whether ``num_images`` resized RGB images of side ``image_size`` fit in ``limit`` bytes."""
     return num_images * 3 * image_size * image_size <= limit
-
-
-def keep_split_in_memory(
-    dataset: ImageTextDataset,
-    split: str,
-    *,
-    in_memory: bool | str,
-    images: int,
-    image_size: int,
-    random_crops: bool,
-    on_bad_image: Policy,
-) -> None:
-    """Decode the split's ``images`` distinct images into memory now when ``in_memory`` says so:
-    ``true``, or ``auto`` when they fit in `MAX_MEMORY_BYTES`; never for training with
-    ``random_crops``, which need the original images. An image that fails to decode stops here
-    under ``on_bad_image=error``; under ``skip`` it is replaced where it is read."""
-    if in_memory is False:
-        return
-    if random_crops:
-        if in_memory is True:
-            log.warning("data.in_memory=true ignored for training: random crops need the original images")
-        return
-    if in_memory == "auto" and not fits_in_memory(images, image_size):
-        return
-    memory = dataset.keep_in_memory(image_size, desc=f"decoding {split} images")
-    log.info("%s split: %d images decoded into memory (%.0f MB)", split, len(memory), memory.nbytes / 1e6)
-    if memory.failed and on_bad_image == "error":
-        path, reason = next(iter(memory.failed.items()))
-        raise ImageLoadError(path, f"{reason} ({DECODE_HINT})")
 
 
 class ImagesInMemory:

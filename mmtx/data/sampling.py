@@ -18,7 +18,6 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from mmtx.config_error import ConfigError
 from mmtx.data.bad_data import DecodeFailures, ScreenedLoader
 
 
@@ -159,18 +158,6 @@ def position_in_epoch(trainer: Any) -> dict[str, int]:
         return {}
     batches_done = trainer.fit_loop.epoch_loop.batch_progress.current.ready
     return {"epoch": trainer.current_epoch, "batches_done": batches_done}
-
-
-def check_full_batch(sampler: ShardedBatchSampler, examples: int) -> None:
-    """Refuse a training split too small for one full batch: it would train 0 steps and look done."""
-    if len(sampler) > 0:
-        return
-    processes = f" per process ({sampler.world_size} processes)" if sampler.world_size > 1 else ""
-    raise ConfigError(
-        f"data.batch_size={sampler.batch_size}: the training split has {examples} examples, not one full "
-        f"batch{processes} (incomplete batches are dropped), so training would take no step; set "
-        f"data.batch_size={max(1, examples // sampler.world_size)} or less"
-    )
 
 
 def serve(

@@ -113,20 +113,17 @@ def image_seeds(seed: int, epoch: int, image_ids: torch.Tensor | list[Any]) -> l
     return [hash((seed, epoch, i if isinstance(i, int) else zlib.crc32(str(i).encode()))) for i in ids]
 
 
-class OnDevice:
-    """What a batch's uint8 images get once on the training device: in training, each image moved
-    by up to ``shift_px`` pixels each way (`random_shift`; a quarter of the bytes to move while
-    still uint8), by an offset drawn from the run's ``seed``, the epoch and its image id, the same
-    on any number of processes; then normalised (`normalize_images`)."""
-
-    def __init__(self, shift_px: int = 0, seed: int = 0) -> None:
-        self.shift_px, self.seed = shift_px, seed
-
-    def __call__(self, batch: dict[str, Any], epoch: int | None) -> dict[str, Any]:
-        """``batch`` with its ``images`` prepared; ``epoch``: the training epoch, None outside training."""
-        if self.shift_px and epoch is not None:
-            ids = batch.get("image_ids")  # one per row of images
-            seeds = None if ids is None else image_seeds(self.seed, epoch, ids)
-            batch["images"] = random_shift(batch["images"], self.shift_px, seeds)
-        batch["images"] = normalize_images(batch["images"])
-        return batch
+def prepare_on_device(
+    batch: dict[str, Any], shift_px: int = 0, seed: int = 0, epoch: int | None = None
+) -> dict[str, Any]:
+    """``batch`` with its uint8 ``images`` prepared on the training device: in a training
+    ``epoch`` (None: not training), each image moved by up to ``shift_px`` pixels each way
+    (`random_shift`; a quarter of the bytes to move while still uint8) by an offset drawn from
+    the run's ``seed``, the epoch and its image id, the same on any number of processes; then
+    normalised (`normalize_images`)."""
+    if shift_px and epoch is not None:
+        ids = batch.get("image_ids")  # one per row of images
+        seeds = None if ids is None else image_seeds(seed, epoch, ids)
+        batch["images"] = random_shift(batch["images"], shift_px, seeds)
+    batch["images"] = normalize_images(batch["images"])
+    return batch

@@ -23,7 +23,7 @@ from mmtx.models.decoder import CaptionDecoder
 from mmtx.models.global_batch import GlobalBatch
 from mmtx.models.masking import mask_patches, mask_tokens
 from mmtx.models.patch_targets import NormalizedPixels
-from mmtx.models.pretraining_losses import caption_loss, itc_loss, itm_loss, mlm_loss, mpm_loss, pick_negatives
+from mmtx.models.pretraining_losses import caption_loss, itc_loss, itm_loss, mlm_loss, mpm_loss
 from mmtx.models.text import mean_of_tokens
 from mmtx.models.two_stream import TwoStreamModel, Unimodal
 from mmtx.nn.init import init_weights
@@ -239,7 +239,7 @@ class TwoStreamPretrainer(nn.Module):
         """
         obj, batch = objectives, batch or GlobalBatch()
         input_ids, text_mask = self._padded(input_ids, text_mask, batch)
-        labels, masked_ids = self._mask_text(input_ids, text_mask, obj, batch) if obj.mlm > 0 else (None, input_ids)
+        masked_ids, labels = self._mask_text(input_ids, text_mask, obj, batch) if obj.mlm > 0 else (input_ids, None)
         picked, replaced = self._mask_patches(images, obj, batch) if obj.mpm > 0 else (None, None)
         u = self.backbone.unimodal(images, masked_ids, text_mask, replaced)
         all_ids = batch.gather(image_ids)  # (B,)
@@ -287,14 +287,13 @@ class TwoStreamPretrainer(nn.Module):
     def _mask_text(
         self, input_ids: Tensor, text_mask: Tensor, obj: Objectives, batch: GlobalBatch
     ) -> tuple[Tensor, Tensor]:
-        """Labels (b, T) of the words picked for MLM (`IGNORE` elsewhere) and the masked ids."""
+        """The ids with the words picked for MLM masked, and their labels (b, T) (`IGNORE` elsewhere)."""
         if self.mask_id is None:
             raise ValueError("TwoStreamPretrainer.mask_id is not set (the tokenizer's [MASK] id)")
         special = torch.tensor(self.special_ids, device=input_ids.device)
         maskable = text_mask & ~torch.isin(input_ids, special)
         vocab = self.backbone.text.token_embed.num_embeddings
-        masked, labels = mask_tokens(input_ids, maskable, self.mask_id, vocab, obj.mask_prob, batch, self.special_ids)
-        return labels, masked
+        return mask_tokens(input_ids, maskable, self.mask_id, vocab, obj.mask_prob, batch, self.special_ids)
 
     def _mask_patches(self, images: Tensor, obj: Objectives, batch: GlobalBatch) -> tuple[Tensor, Tensor]:
         """The patches picked for MPM and those of them replaced by the mask embedding, each (b, N)."""
@@ -302,3 +301,27 @@ class TwoStreamPretrainer(nn.Module):
         return mask_patches(
             images.shape[0], rows * cols, obj.patch_mask_prob, obj.patch_replace_prob, batch, images.device
         )
+
+
+def pick_negatives(
+    same_image: Tensor,
+    negative_prob: float,
+    similarity: Tensor | None = None,
+    draws: GlobalBatch | None = None,
+) -> Tensor:
+    """For each image row of this process, the text row (of the global batch) it is paired with:
+    its own, or (with ``negative_prob``) a text of another image — drawn in proportion to
+    softmax(similarity) when given (hard negatives), else uniformly. Rows with no other image
+    keep their own text. ``same_image`` and ``similarity`` are (B, B) over the global batch;
+    ``draws`` places this process's rows in it (default: one process). Returns (b,)."""
+    draws = draws or GlobalBatch()
+    B, device = same_image.shape[0], same_image.device
+    b = B // draws.world_size
+    weights = torch.ones(B, B, device=device) if similarity is None else similarity.float().softmax(1)
+    weights = weights.masked_fill(same_image, 0)
+    has_other = weights.sum(1) > 0
+    weights = torch.where(has_other[:, None], weights, torch.ones_like(weights))
+    other = draws.multinomial(weights)
+    rows = draws.rows(b)
+    swap = (draws.rand(b, device=device) < negative_prob) & has_other[rows]
+    return torch.where(swap, other, torch.arange(B, device=device)[rows])

@@ -9,7 +9,8 @@ inputs, runs the model and weighs these.
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Callable
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -18,7 +19,11 @@ from mmtx.models.masking import IGNORE
 
 
 def caption_loss(
-    decoder: nn.Module, input_ids: Tensor, text_mask: Tensor, vision: Tensor, batch: GlobalBatch
+    decoder: Callable[[Tensor, Tensor], Tensor],
+    input_ids: Tensor,
+    text_mask: Tensor,
+    vision: Tensor,
+    batch: GlobalBatch,
 ) -> Tensor:
     """Teacher-forced cross-entropy of ``[BOS] w1 .. wn -> w1 .. wn [EOS]`` (pads ignored),
     written from the vision stream's own tokens ``vision`` (B, 1 + N, Dv)."""
@@ -79,27 +84,3 @@ def contrastive_loss(sim: Tensor, positives: Tensor) -> Tensor:
     """Symmetric InfoNCE (CLIP) with possibly several positives per row: cross-entropy against
     the uniform distribution over each row's (and column's) positives."""
     return (soft_cross_entropy(sim, positives) + soft_cross_entropy(sim.T, positives.T)) / 2
-
-
-def pick_negatives(
-    same_image: Tensor,
-    negative_prob: float,
-    similarity: Tensor | None = None,
-    draws: GlobalBatch | None = None,
-) -> Tensor:
-    """For each image row of this process, the text row (of the global batch) it is paired with:
-    its own, or (with ``negative_prob``) a text of another image — drawn in proportion to
-    softmax(similarity) when given (hard negatives), else uniformly. Rows with no other image
-    keep their own text. ``same_image`` and ``similarity`` are (B, B) over the global batch;
-    ``draws`` places this process's rows in it (default: one process). Returns (b,)."""
-    draws = draws or GlobalBatch()
-    B, device = same_image.shape[0], same_image.device
-    b = B // draws.world_size
-    weights = torch.ones(B, B, device=device) if similarity is None else similarity.float().softmax(1)
-    weights = weights.masked_fill(same_image, 0)
-    has_other = weights.sum(1) > 0
-    weights = torch.where(has_other[:, None], weights, torch.ones_like(weights))
-    other = draws.multinomial(weights)
-    rows = draws.rows(b)
-    swap = (draws.rand(b, device=device) < negative_prob) & has_other[rows]
-    return torch.where(swap, other, torch.arange(B, device=device)[rows])

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -33,18 +36,22 @@ def pool_max(joint: Joint, text_mask: Tensor) -> Tensor:
     return torch.cat([joint.per_text(joint.vision.amax(1)), mean_of_tokens(joint.text, text_mask)], dim=-1)
 
 
-POOLINGS = {"product": pool_product, "concat": pool_concat, "tokens": pool_tokens, "max": pool_max}
+@dataclass(frozen=True)
+class Pooling:
+    """A ``pooling``: its function, whether it reads the backbone's pooled outputs (`Joint.pooled`,
+    built with ``pooler``) and the width it gives the answer MLP."""
+
+    pool: Callable[[Joint, Tensor], Tensor]
+    reads_pooler: bool
+    width: Callable[[TwoStreamModel], int]
 
 
-def reads_pooler(pooling: str) -> bool:
-    """Whether ``pooling`` reads the backbone's pooled outputs (`Joint.pooled`, built with ``pooler``)."""
-    return pooling in ("product", "concat")
-
-
-def pooled_width(pooling: str, backbone: TwoStreamModel) -> int:
-    """The width of what ``pooling`` gives the answer MLP."""
-    tokens = backbone.vision.dim + backbone.text.dim  # pool_tokens, pool_max
-    return {"product": backbone.joint_dim, "concat": 2 * backbone.joint_dim}.get(pooling, tokens)
+POOLINGS = {
+    "product": Pooling(pool_product, True, lambda m: m.joint_dim),
+    "concat": Pooling(pool_concat, True, lambda m: 2 * m.joint_dim),
+    "tokens": Pooling(pool_tokens, False, lambda m: m.vision.dim + m.text.dim),
+    "max": Pooling(pool_max, False, lambda m: m.vision.dim + m.text.dim),
+}
 
 
 # --- how the answers are scored against the annotators' soft scores: one class per ``loss`` -------
@@ -109,13 +116,14 @@ class VqaClassifier(nn.Module):
             raise ValueError(f"pooling={pooling!r} must be one of {', '.join(POOLINGS)}")
         if loss not in LOSSES:
             raise ValueError(f"loss={loss!r} must be one of {', '.join(LOSSES)}")
-        if reads_pooler(pooling) and not backbone.pooler:
+        chosen = POOLINGS[pooling]
+        if chosen.reads_pooler and not backbone.pooler:
             raise ValueError(
                 f"pooling={pooling!r} reads the backbone's pooled output: build it with backbone.pooler=true"
             )
         self.backbone, self.pooling = backbone, pooling
-        self.pool, self.scoring = POOLINGS[pooling], LOSSES[loss]()
-        width = pooled_width(pooling, backbone)
+        self.pool, self.scoring = chosen.pool, LOSSES[loss]()
+        width = chosen.width(backbone)
         hidden = int(backbone.joint_dim * hidden_mult)
         self.head = nn.Sequential(
             nn.Linear(width, hidden),

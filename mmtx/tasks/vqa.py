@@ -12,7 +12,7 @@ from hydra.utils import instantiate
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.generation import GenerationConfig, generate
 from mmtx.metrics.vqa import build_answer_vocab, normalize_answer, soft_scores, vqa_accuracy
-from mmtx.models.vqa import reads_pooler
+from mmtx.models.vqa import POOLINGS
 from mmtx.tasks.base import Task
 from mmtx.tasks.gather import gather_unique
 
@@ -171,7 +171,8 @@ class VqaTask(AnswerTask):
         return super().model_arguments(tok) | {"num_answers": len(self.answers)}
 
     def reads_pooled(self) -> bool:
-        return reads_pooler(self.hparams.model.get("pooling", "product"))
+        chosen = POOLINGS.get(self.hparams.model.get("pooling", "product"))
+        return chosen is not None and chosen.reads_pooler  # an unknown one: the model refuses it
 
     @classmethod
     def stand_in_data_arguments(cls) -> dict[str, Any]:
