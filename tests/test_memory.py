@@ -91,7 +91,7 @@ def test_training_batches_only_are_shifted(tmp_path: Path) -> None:
     pixels = torch.stack([build_pixels(32, train=False)(Image.open(p)) for p in write_images(tmp_path, 3)])
     module = CocoCaptions(image_size=32, shift_px=3, tokenizer=lambda texts: None)
     for training in (True, False):
-        module.trainer = SimpleNamespace(training=training)
+        module.trainer = SimpleNamespace(training=training, current_epoch=0)  # what the hook reads of a Trainer
         torch.manual_seed(0)
         batch = module.on_after_batch_transfer({"images": pixels.clone()}, 0)
         assert torch.equal(batch["images"], normalize_images(pixels)) is not training
