@@ -11,14 +11,16 @@ one place:
   multiple of the patch size, a BPE vocabulary below its byte alphabet, a tower shorter than the
   data's captions) is found by building the tokenizer, the data module and the task once, as
   cheaply as they build: the data module reads nothing before ``setup`` and the task is built
-  on the meta device with a stand-in tokenizer. A refusal is reported under the keys that gave
-  the constructor its arguments: ``dim=30 is not divisible by num_heads=4`` from the encoder
-  built from ``model.encoder`` reads::
+  on the meta device with a stand-in tokenizer. A constructor refuses with an
+  `mmtx.config_error.ArgumentError`, which carries the arguments it names, and the refusal is
+  reported under the keys that gave them: ``dim=30 is not divisible by num_heads=4`` from the
+  encoder built from ``model.encoder`` reads::
 
     model.encoder.dim=30 is not divisible by model.encoder.num_heads=4 (allowed: a multiple of 4, e.g. 28 or 32)
 
-A key that a constructor does not take (``+data.batchsize=8``) is reported as one its node does
-not have, with the closest key there is (`not_a_key`). A resumed checkpoint is checked where ``mmtx-train`` reads it
+A key that a constructor does not take (``+data.batchsize=8``) is found in its signature before
+anything is built and reported as one its node does not have, with the closest key there is
+(`unknown_keys`, `not_a_key`). A resumed checkpoint is checked where ``mmtx-train`` reads it
 (`mmtx.checkpoint.check_resume`). Unknown group options (``data=nope``) never get here: Hydra
 refuses them, listing the options; nor do overrides of keys the config lacks (``data.batchsize=8``):
 the apps refuse them first (`mmtx.cli.common.check_override_keys`).
@@ -29,7 +31,6 @@ from __future__ import annotations
 import difflib
 import inspect
 import os
-import re
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -38,11 +39,11 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.errors import InstantiationException
-from hydra.utils import get_class, instantiate
+from hydra.utils import get_class, get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from mmtx.checkpoint import read_checkpoint, rebuild_task
-from mmtx.config_error import ConfigError
+from mmtx.config_error import ArgumentError, ConfigError
 from mmtx.data.bad_data import POLICIES
 from mmtx.data.splits import SPLITS
 from mmtx.data.tokenizer import Tokenizer
@@ -101,13 +102,17 @@ def check_train_config(cfg: DictConfig) -> None:
         "task": task_problems(cfg.task),
         "tokenizer": tokenizer_problems(cfg.tokenizer),
     }
-    problems += [p for group in groups for p in by_value[group]] + trainer_problems(cfg.trainer)
+    unknown = {group: unknown_keys(cfg[group], group) for group in groups if not missing[group]}
+    problems += [p for group in groups for p in by_value[group] + unknown.get(group, [])]
+    problems += trainer_problems(cfg.trainer)
     if not isinstance(cfg.get("activation_checkpointing", False), bool):
         problems.append(f"activation_checkpointing={cfg.activation_checkpointing!r} must be true or false")
     if cfg.get("init_from") and not Path(cfg.init_from).is_file():
         problems.append(f"init_from={cfg.init_from}: no such checkpoint file")
     # the optimiser's values (task.lr ...) do not stop the task from being built and checked
-    broken = {group for group in groups if missing[group] or (by_value[group] and group != "task")}
+    broken = {
+        group for group in groups if missing[group] or unknown.get(group) or (by_value[group] and group != "task")
+    }
     problems += build_problems(cfg, broken)
     _raise(problems)
 
@@ -198,8 +203,8 @@ def _stand_in_tokenizer(tokenizer: DictConfig) -> Tokenizer:
 
 # the task is given the whole model and data configs, under other names
 _TASK_ARGUMENTS = {"model": "model", "data_config": "data", "tokenizer": "tokenizer"}
-_FULL_KEY = re.compile(r"\nfull_key: (\S+)$")
-_UNEXPECTED = re.compile(r"got an unexpected keyword argument '(\w+)'")
+# keys of a node that Hydra reads itself rather than passing them to the target
+_HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
 
 
 def not_a_key(key: str, keys: list[str]) -> str:
@@ -211,17 +216,57 @@ def not_a_key(key: str, keys: list[str]) -> str:
     return f"{key} is not a key of {parent or 'the config'}{hint}"
 
 
+def unknown_keys(node: Any, path: str) -> list[str]:
+    """A problem for each key that the ``_target_`` of its node (``node`` or one under it) does not
+    take, read from the constructors' signatures: ``+data.batchsize=8`` is named before anything
+    is built."""
+    problems = []
+    for where, config in _nodes(node, path):
+        accepted = _parameters(config.get("_target_")) if "_target_" in config else None
+        if accepted is not None:
+            keys = [str(k) for k in config]
+            problems += [not_a_key(f"{where}.{k}", keys) for k in keys if k not in accepted | _HYDRA_KEYS]
+    return problems
+
+
+def _parameters(target: Any) -> set[str] | None:
+    """The keyword arguments ``target`` takes (a class: its ``__init__`` and those it passes
+    ``**kwargs`` on to, up its bases), or None where that cannot be known."""
+    try:
+        found = get_object(str(target))
+    except Exception:  # not importable: instantiating it reports that
+        return None
+    if not isinstance(found, type):
+        return _named(inspect.signature(found))[0] if callable(found) else None
+    names: set[str] = set()
+    for klass in found.__mro__:
+        if "__init__" in vars(klass):
+            taken, passes_on = _named(inspect.signature(vars(klass)["__init__"]))
+            names |= taken
+            if not passes_on:
+                return names - {"self"}
+    return None
+
+
+def _named(signature: inspect.Signature) -> tuple[set[str], bool]:
+    """The names a call can give by keyword, and whether it takes ``**kwargs`` too."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    params = signature.parameters.values()
+    return {p.name for p in params if p.kind in kinds}, any(p.kind is p.VAR_KEYWORD for p in params)
+
+
 def _built(problems: list[str], cfg: DictConfig, group: str, build: Callable[[], Any]) -> Any:
     """``build()``, or None with its refusal appended to ``problems`` under its keys."""
     try:
         return build()
     except (InstantiationException, ValueError, TypeError, OSError) as error:
-        # Hydra wraps a constructor's error once per config node that was being built; the
-        # innermost wrapper names the node whose constructor refused
+        # Hydra wraps a constructor's error once per config node that was being built, and names
+        # the node only in its message's last line ("full_key: model.encoder"); the innermost
+        # wrapper names the node whose constructor refused
         keys: list[str] = []
         while isinstance(error, InstantiationException) and error.__cause__ is not None:
-            found = _FULL_KEY.search(str(error))
-            keys.append(found.group(1) if found else "")
+            _, marker, key = str(error).rpartition("\nfull_key: ")
+            keys.append(key.strip() if marker else "")
             error = error.__cause__
         if isinstance(error, InstantiationException):  # no constructor ran: e.g. a _target_ that cannot be imported
             problems.append(f"{group}: {error}")
@@ -232,39 +277,32 @@ def _built(problems: list[str], cfg: DictConfig, group: str, build: Callable[[],
             node, renames = "task", _TASK_ARGUMENTS
         else:
             node, renames = keys[-1] if keys else group, {}
-        message = str(error)
-        unexpected = _UNEXPECTED.search(message) if isinstance(error, TypeError) else None
-        config = OmegaConf.select(cfg, node)
-        if unexpected and isinstance(config, DictConfig) and unexpected[1] in config:  # e.g. +data.batchsize=8
-            problems.append(not_a_key(f"{node}.{unexpected[1]}", list(config)))
-            return None
-        keyed = _keyed(message, cfg, node, renames)
-        problems.append(keyed if keyed != message else f"{node}: {message}")
+        if isinstance(error, ArgumentError):
+            problems.append(error.render(_config_keys(cfg, node, renames)))
+        else:
+            problems.append(f"{node}: {error}")
         return None
 
 
-_ARGUMENT = re.compile(r"(?<![\w.])([A-Za-z_]\w*)((?:\.\w+)*)(?=[=:])(=[^\s,;)]*)?")
-
-
-def _keyed(message: str, cfg: DictConfig, node: str, renames: dict[str, str]) -> str:
-    """A constructor's message with its argument names (``dim=30``, ``objectives.mlm=0``,
-    ``objectives:``) written as the config keys they came from (``model.encoder.dim=30``), and
-    "(set by data.image_size)" after a value the config interpolated from another key."""
+def _config_keys(cfg: DictConfig, node: str, renames: dict[str, str]) -> Callable[[str, str], str]:
+    """How an `ArgumentError` of the constructor built from ``node`` writes an argument: as the
+    config key it came from (``dim`` -> ``model.encoder.dim``), followed by "(set by
+    data.image_size)" where the config interpolated the value from another key."""
     config = OmegaConf.select(cfg, node)
     arguments = set(config) if isinstance(config, DictConfig) else set()
 
-    def full_key(match: re.Match) -> str:
-        name, rest, value = match.groups()
-        if name in renames:
-            key = renames[name] + rest
-        elif name in arguments:
-            key = f"{node}.{name}{rest}"
+    def argument(name: str, shown: str) -> str:
+        first, dot, rest = name.partition(".")
+        if first in renames:
+            key = renames[first] + dot + rest
+        elif first in arguments:
+            key = f"{node}.{name}"
         else:
-            return match.group(0)
+            return name + shown
         parent, _, last = key.rpartition(".")
-        return key + (value + _source(OmegaConf.select(cfg, parent), last) if value else "")
+        return key + (shown + _source(OmegaConf.select(cfg, parent), last) if shown else "")
 
-    return _ARGUMENT.sub(full_key, message)
+    return argument
 
 
 def _plain(node: DictConfig) -> dict:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from mmtx.config_error import ArgumentError
 from mmtx.few_row_products import few_row_products, pays_on_this_cpu
 from mmtx.models.decoder import CaptionDecoder
 
@@ -55,9 +56,12 @@ class GenerationConfig:
         }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
-            raise ValueError(f"generation: invalid settings: {', '.join(f'{k}={getattr(self, k)}' for k in bad)}")
+            raise ArgumentError(
+                f"{{generation!k}}: invalid settings: {', '.join(f'{k}={getattr(self, k)}' for k in bad)}",
+                generation=None,
+            )
         if self.do_sample and self.num_beams > 1:
-            raise ValueError("generation: choose do_sample=true or num_beams>1, not both")
+            raise ArgumentError("{generation!k}: choose do_sample=true or num_beams>1, not both", generation=None)
 
 
 class _Stepper:

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from mmtx.checkpoint import CheckpointError
 from mmtx.cli.common import CONFIG_DIR, USER_ERRORS
 from mmtx.config_check import ConfigError, check_eval_config, check_train_config
+from mmtx.config_error import ArgumentError
 from tests.bad_inputs import write_tiny_checkpoint
 from tests.helpers import compose_train, train_in_process, write_gpt2, write_vit
 
@@ -239,3 +240,49 @@ def test_file_data_sets_start_one_loader_worker_fewer_than_the_cores(monkeypatch
     monkeypatch.setattr("os.cpu_count", lambda: 2)  # this CI machine's size: not 4 workers on 2 cores
     for data in ("coco", "karpathy", "vqa"):
         assert _train_cfg(f"data={data}").data.num_workers == 1
+
+
+def test_argument_error_reads_plainly_and_carries_its_arguments() -> None:
+    error = ArgumentError(
+        "{dim} is not divisible by {num_heads} (allowed: {num_heads!v}); {kind!r}, {objectives!k}: {encoder.dim}",
+        dim=30, num_heads=4, kind="char", objectives=None, **{"encoder.dim": 8},
+    )  # fmt: skip
+    assert str(error) == "dim=30 is not divisible by num_heads=4 (allowed: 4); kind='char', objectives: encoder.dim=8"
+    assert error.arguments["encoder.dim"] == 8
+    # the names, not the words around them, are what a renderer changes: values shown alone stay
+    shown = error.render(lambda name, value: f"<{name}>{value}")
+    assert (
+        shown == "<dim>=30 is not divisible by <num_heads>=4 (allowed: 4); <kind>='char', <objectives>: <encoder.dim>=8"
+    )
+
+
+def test_a_refusal_is_keyed_by_its_arguments_not_by_its_wording() -> None:
+    """An argument the message names as data gets its config key; a word that only looks like an
+    argument (``dim=`` in the text) is left alone."""
+    message = _problems(_train_cfg("model.encoder.dim=30"))
+    assert "model.encoder.dim=30 is not divisible by model.encoder.num_heads=4" in message
+    message = _problems(_train_cfg("model.decoder.context_dim=64"))
+    assert "model.decoder.context_dim=64 must equal model.encoder.dim=128" in message
+    message = _problems(_train_cfg("model.encoder.pos_embed=rope", "model.encoder.num_heads=64"))
+    assert "(dim / num_heads = 2)" in message  # words of the text, not arguments: unchanged
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [(["+data.batchsize=8"], "data.batchsize is not a key of data (did you mean data.batch_size?)"),
+     (["+model.encoder.nonsense=1"], "model.encoder.nonsense is not a key of model.encoder"),
+     (["+model.decoder.num_head=2"], "model.decoder.num_head is not a key of model.decoder (did you mean model.decoder.num_heads?)"),
+     (["+task.learning_rate=1"], "task.learning_rate is not a key of task"),
+     (["task=vqa", "+data.group_by_images=true"], "(did you mean data.group_by_image?)")],
+)  # fmt: skip
+def test_keys_no_constructor_takes_are_named_from_the_signatures(overrides: list[str], expected: str) -> None:
+    message = _problems(_train_cfg(*overrides))
+    assert expected in message
+    assert len(message.splitlines()) == 2  # the one problem; the group with it is not built
+
+
+def test_the_signatures_read_through_kwargs_to_the_base_classes() -> None:
+    from mmtx.config_check import unknown_keys
+
+    assert unknown_keys(_train_cfg("data=grid").data, "data") == []  # GridCaptions -> ... -> the data module
+    assert unknown_keys(_train_cfg("task=caption_scst").task, "task") == []  # **kwargs to CaptionTask

@@ -20,7 +20,7 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from mmtx.config_error import ConfigError
+from mmtx.config_error import ArgumentError, ConfigError
 from mmtx.data.annotations import MAX_TEXT_CHARS, TextLimit
 from mmtx.data.bad_data import REPORT_FILE, BadDataReport, DecodeFailures, Policy, check_policy
 from mmtx.data.dataset import ImageTextDataset, keep_split_in_memory
@@ -97,9 +97,11 @@ class ImageTextDataModule(L.LightningDataModule, ABC):
             raise ValueError(f"data.in_memory={in_memory!r} must be true, false or auto")
         self.in_memory = in_memory
         if image_size <= 0 or batch_size <= 0 or max_length < 3:
-            raise ValueError(
-                f"data: image_size={image_size}, batch_size={batch_size} must be positive and "
-                f"max_length={max_length} at least 3"
+            raise ArgumentError(
+                "{image_size}, {batch_size} must be positive and {max_length} at least 3",
+                image_size=image_size,
+                batch_size=batch_size,
+                max_length=max_length,
             )
         self.image_size, self.batch_size = image_size, batch_size
         self.eval_batch_size = eval_batch_size or batch_size

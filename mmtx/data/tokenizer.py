@@ -28,6 +28,8 @@ import tokenizers
 import torch
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from mmtx.config_error import ArgumentError
+
 __all__ = ["SPECIAL_TOKENS", "Tokenizer", "TokenizerError", "spellings"]
 
 PAD, BOS, EOS, UNK, MASK, CLS, SEP = SPECIAL_TOKENS = ("[PAD]", "[BOS]", "[EOS]", "[UNK]", "[MASK]", "[CLS]", "[SEP]")
@@ -130,9 +132,10 @@ class Tokenizer:
         elif kind == "bpe":
             minimum = len(SPECIAL_TOKENS) + _BYTE_ALPHABET_SIZE
             if vocab_size < minimum:
-                raise ValueError(
-                    f"vocab_size={vocab_size} is below {minimum}, the smallest byte-level BPE vocabulary "
-                    f"({len(SPECIAL_TOKENS)} special tokens + {_BYTE_ALPHABET_SIZE} bytes)"
+                raise ArgumentError(
+                    f"{{vocab_size}} is below {minimum}, the smallest byte-level BPE vocabulary "
+                    f"({len(SPECIAL_TOKENS)} special tokens + {_BYTE_ALPHABET_SIZE} bytes)",
+                    vocab_size=vocab_size,
                 )
             backend = tokenizers.Tokenizer(models.BPE())
             backend.normalizer = (
@@ -148,7 +151,7 @@ class Tokenizer:
                 show_progress=False,
             )
         else:
-            raise ValueError(f"kind={kind!r} is not one of wordpiece, bpe")
+            raise ArgumentError("{kind!r} is not one of wordpiece, bpe", kind=kind)
         backend.train_from_iterator(texts, trainer=trainer)
         if continuing:  # the continuing characters were special only to fix their ids
             saved = json.loads(backend.to_str())

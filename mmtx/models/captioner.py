@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mmtx.config_error import ArgumentError
 from mmtx.models.decoder import CaptionDecoder
 from mmtx.models.vit import VisionEncoder
 
@@ -18,7 +19,10 @@ class ImageCaptioner(nn.Module):
     def __init__(self, encoder: VisionEncoder, decoder: CaptionDecoder) -> None:
         super().__init__()
         if decoder.context_dim != encoder.dim:
-            raise ValueError(f"decoder.context_dim={decoder.context_dim} must equal encoder.dim={encoder.dim}")
+            raise ArgumentError(
+                "{decoder.context_dim} must equal {encoder.dim}",
+                **{"decoder.context_dim": decoder.context_dim, "encoder.dim": encoder.dim},
+            )
         self.encoder = encoder
         self.decoder = decoder
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mmtx.config_error import ArgumentError
 from mmtx.models.decoder import CaptionDecoder
 from mmtx.models.global_batch import GlobalBatch
 from mmtx.models.masking import mask_patches, mask_tokens
@@ -52,19 +53,16 @@ class Objectives:
         weights = OBJECTIVES
         rates = ("mask_prob", "patch_mask_prob", "patch_replace_prob", "negative_prob", "hard_negatives_from")
         problems = [
-            f"objectives.{k}={getattr(self, k)!r} must be a number >= 0 (0: off)"
-            for k in weights
-            if not getattr(self, k) >= 0
+            f"{{objectives.{k}!r}} must be a number >= 0 (0: off)" for k in weights if not getattr(self, k) >= 0
         ]
         problems += [
-            f"objectives.{k}={getattr(self, k)!r} must be a number in [0, 1]"
-            for k in rates
-            if not 0 <= getattr(self, k) <= 1
+            f"{{objectives.{k}!r}} must be a number in [0, 1]" for k in rates if not 0 <= getattr(self, k) <= 1
         ]
         if not problems and not any(getattr(self, k) > 0 for k in weights):
-            problems.append("objectives: every loss weight (mlm, mpm, itm, itc, caption) is 0; set one > 0")
+            problems.append("{objectives!k}: every loss weight (mlm, mpm, itm, itc, caption) is 0; set one > 0")
         if problems:
-            raise ValueError("; ".join(problems))
+            values = {f"objectives.{k}": getattr(self, k) for k in (*weights, *rates)}
+            raise ArgumentError("; ".join(problems), objectives=None, **values)
 
 
 class MlmHead(nn.Module):
@@ -117,7 +115,7 @@ class TwoStreamPretrainer(nn.Module):
     ) -> None:
         super().__init__()
         if itc_pool not in ITC_POOLS:
-            raise ValueError(f"itc_pool={itc_pool!r} must be one of {', '.join(ITC_POOLS)}")
+            raise ArgumentError(f"{{itc_pool!r}} must be one of {', '.join(ITC_POOLS)}", itc_pool=itc_pool)
         v, t = backbone.vision, backbone.text
         self.backbone, self.itc_pool = backbone, itc_pool
         self.patch_target = patch_target or NormalizedPixels(v.patch_embed.patch_size)
@@ -126,7 +124,9 @@ class TwoStreamPretrainer(nn.Module):
             heads = [k for k in OBJECTIVES if k != "caption" or caption_decoder is not None]
         unknown = set(heads) - set(OBJECTIVES)
         if unknown:
-            raise ValueError(f"heads={list(heads)}: {', '.join(sorted(unknown))} not among {', '.join(OBJECTIVES)}")
+            raise ArgumentError(
+                f"{{heads}}: {', '.join(sorted(unknown))} not among {', '.join(OBJECTIVES)}", heads=list(heads)
+            )
         self.heads = tuple(heads)
         self.mlm_head = MlmHead(t.dim, t.token_embed) if "mlm" in heads else None
         self.mpm_head = nn.Linear(v.dim, self.patch_target.dim) if "mpm" in heads else None

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from mmtx.config_error import ArgumentError
 from mmtx.models.text import TextEncoder
 from mmtx.models.vit import VisionEncoder
 from mmtx.nn.blocks import CoAttentionLayer
@@ -89,7 +90,7 @@ class TwoStreamModel(nn.Module):
     ) -> None:
         super().__init__()
         if co_layers < 0:
-            raise ValueError(f"co_layers={co_layers} must be >= 0")
+            raise ArgumentError("{co_layers} must be >= 0", co_layers=co_layers)
         self.vision, self.text, self.vision_reads_text = vision, text, vision_reads_text
         self.pooler, self.patch_masking, self._joint_dim = pooler, patch_masking, joint_dim
         self.co_layers = nn.ModuleList(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from mmtx.config_error import ArgumentError
 from mmtx.nn.attention import head_width
 from mmtx.nn.blocks import TransformerBlock
 from mmtx.nn.embeddings import (
@@ -66,9 +67,11 @@ class VisionEncoder(nn.Module):
             check_sinusoidal_width(dim, axes=2)
         if image_size < patch_size or image_size % patch_size:
             relation = "smaller than" if image_size < patch_size else "not a multiple of"
-            raise ValueError(
-                f"image_size={image_size} is {relation} patch_size={patch_size} "
-                f"(allowed: a multiple of {patch_size}: {patch_size}, {2 * patch_size}, {3 * patch_size}, ...)"
+            raise ArgumentError(
+                f"{{image_size}} is {relation} {{patch_size}} "
+                f"(allowed: a multiple of {patch_size}: {patch_size}, {2 * patch_size}, {3 * patch_size}, ...)",
+                image_size=image_size,
+                patch_size=patch_size,
             )
         self.dim, self.num_heads, self.image_size = dim, num_heads, image_size
         self.norm_first, self.pos_antialias = norm_first, pos_antialias

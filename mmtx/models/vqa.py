@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mmtx.config_error import ArgumentError
 from mmtx.models.decoder import CaptionDecoder
 from mmtx.models.text import mean_of_tokens
 from mmtx.models.two_stream import Joint, TwoStreamModel
@@ -113,13 +114,15 @@ class VqaClassifier(nn.Module):
     ) -> None:
         super().__init__()
         if pooling not in POOLINGS:
-            raise ValueError(f"pooling={pooling!r} must be one of {', '.join(POOLINGS)}")
+            raise ArgumentError(f"{{pooling!r}} must be one of {', '.join(POOLINGS)}", pooling=pooling)
         if loss not in LOSSES:
-            raise ValueError(f"loss={loss!r} must be one of {', '.join(LOSSES)}")
+            raise ArgumentError(f"{{loss!r}} must be one of {', '.join(LOSSES)}", loss=loss)
         chosen = POOLINGS[pooling]
         if chosen.reads_pooler and not backbone.pooler:
-            raise ValueError(
-                f"pooling={pooling!r} reads the backbone's pooled output: build it with backbone.pooler=true"
+            raise ArgumentError(
+                "{pooling!r} reads the backbone's pooled output: build it with {backbone.pooler!k}=true",
+                pooling=pooling,
+                **{"backbone.pooler": backbone.pooler},
             )
         self.backbone, self.pooling = backbone, pooling
         self.pool, self.scoring = chosen.pool, LOSSES[loss]()
@@ -165,8 +168,9 @@ class VqaGenerator(nn.Module):
     def __init__(self, backbone: TwoStreamModel, decoder: CaptionDecoder) -> None:
         super().__init__()
         if decoder.context_dim != backbone.vision.dim:
-            raise ValueError(
-                f"decoder.context_dim={decoder.context_dim} must equal backbone.vision.dim={backbone.vision.dim}"
+            raise ArgumentError(
+                "{decoder.context_dim} must equal {backbone.vision.dim}",
+                **{"decoder.context_dim": decoder.context_dim, "backbone.vision.dim": backbone.vision.dim},
             )
         self.backbone, self.decoder = backbone, decoder
         self.text_proj = nn.Linear(backbone.text.dim, backbone.vision.dim)

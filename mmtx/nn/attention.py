@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mmtx.config_error import ArgumentError
 from mmtx.nn.rotary import apply_rotary
 
 
@@ -144,8 +145,11 @@ def head_width(dim: int, num_heads: int) -> int:
     if dim % num_heads:
         lower = dim - dim % num_heads
         example = f"{lower} or {lower + num_heads}" if lower else str(num_heads)
-        raise ValueError(
-            f"dim={dim} is not divisible by num_heads={num_heads} (allowed: a multiple of {num_heads}, e.g. {example})"
+        raise ArgumentError(
+            "{dim} is not divisible by {num_heads} (allowed: a multiple of {num_heads!v}, e.g. {example!v})",
+            dim=dim,
+            num_heads=num_heads,
+            example=example,
         )
     return dim // num_heads
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
+from mmtx.config_error import ArgumentError
 from mmtx.nn.attention import Attention, KVCache
 
 # MLP activations by name: GELU (erf, as in ViT and BERT), its tanh approximation (GPT-2's
@@ -21,7 +22,7 @@ ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
 def activation_layer(name: str) -> nn.Module:
     """The activation module called ``name`` (a key of :data:`ACTIVATIONS`)."""
     if name not in ACTIVATIONS:
-        raise ValueError(f"activation={name!r} is not one of {', '.join(ACTIVATIONS)}")
+        raise ArgumentError(f"{{activation!r}} is not one of {', '.join(ACTIVATIONS)}", activation=name)
     return ACTIVATIONS[name]()
 
 

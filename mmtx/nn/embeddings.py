@@ -9,13 +9,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mmtx.config_error import ArgumentError
+
 PositionKind = Literal["learned", "sinusoidal", "rope"]
 POSITION_KINDS = ("learned", "sinusoidal", "rope")
 
 
 def check_position_kind(kind: str, key: str = "pos_embed") -> str:
     if kind not in POSITION_KINDS:
-        raise ValueError(f"{key}={kind!r} is not one of {', '.join(POSITION_KINDS)}")
+        raise ArgumentError(f"{{{key}!r}} is not one of {', '.join(POSITION_KINDS)}", **{key: kind})
     return kind
 
 
@@ -25,9 +27,9 @@ class PatchEmbed(nn.Module):
     def __init__(self, patch_size: int, in_chans: int, dim: int, stem: str = "patch", stem_norm: str = "batch") -> None:
         super().__init__()
         if stem not in STEMS:
-            raise ValueError(f"stem={stem!r} must be one of {', '.join(STEMS)}")
+            raise ArgumentError(f"{{stem!r}} must be one of {', '.join(STEMS)}", stem=stem)
         if stem_norm not in STEM_NORMS:
-            raise ValueError(f"stem_norm={stem_norm!r} must be one of {', '.join(STEM_NORMS)}")
+            raise ArgumentError(f"{{stem_norm!r}} must be one of {', '.join(STEM_NORMS)}", stem_norm=stem_norm)
         self.patch_size = patch_size
         if stem == "patch":  # ViT: one linear map of each patch's pixels
             self.stem = nn.Identity()
@@ -69,7 +71,9 @@ def conv_stem(patch_size: int, in_chans: int, dim: int, norm: str = "batch") -> 
     (stem, out channels)."""
     steps = patch_size.bit_length() - 1
     if patch_size < 2 or 2**steps != patch_size:
-        raise ValueError(f"stem=conv needs a power-of-two patch_size, got patch_size={patch_size}")
+        raise ArgumentError(
+            "{stem} needs a power-of-two patch_size, got {patch_size}", stem="conv", patch_size=patch_size
+        )
     widths = [max(8, dim // 2 ** (steps - i)) for i in range(steps)]  # ..., dim/4, dim/2
     layers: list[nn.Module] = []
     for c_in, c_out in zip([in_chans, *widths[:-1]], widths):
@@ -82,7 +86,9 @@ def conv_stem(patch_size: int, in_chans: int, dim: int, norm: str = "batch") -> 
 def check_sinusoidal_width(dim: int, axes: int) -> None:
     """Fixed positions over ``axes`` axes take sin/cos pairs of width ``dim / axes``."""
     if dim % (2 * axes):
-        raise ValueError(f"pos_embed=sinusoidal needs dim divisible by {2 * axes}, got dim={dim}")
+        raise ArgumentError(
+            f"{{pos_embed}} needs dim divisible by {2 * axes}, got {{dim}}", pos_embed="sinusoidal", dim=dim
+        )
 
 
 def sinusoidal_1d(positions: Tensor, dim: int, base: float = 10000.0) -> Tensor:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from mmtx.config_error import ArgumentError
+
 
 class Rotary(nn.Module):
     """Produces the (cos, sin) tables that rotate query/key pairs by position-dependent angles.
@@ -17,8 +19,9 @@ class Rotary(nn.Module):
     def __init__(self, head_dim: int, ndim: int = 1, base: float = 10000.0) -> None:
         super().__init__()
         if head_dim % (2 * ndim) != 0:
-            raise ValueError(
-                f"pos_embed=rope needs a head width (dim / num_heads = {head_dim}) divisible by {2 * ndim}"
+            raise ArgumentError(
+                f"{{pos_embed}} needs a head width (dim / num_heads = {head_dim}) divisible by {2 * ndim}",
+                pos_embed="rope",
             )
         self.ndim = ndim
         axis_dim = head_dim // ndim

@@ -16,6 +16,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import FSDPStrategy
 
 from mmtx.checkpoint_keys import DATA_KEY, TASK_KEY
+from mmtx.config_error import ArgumentError
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.generation import GenerationConfig
 from mmtx.tasks.freezing import Freeze, apply_freeze, describe, eval_frozen
@@ -83,9 +84,9 @@ class Task(L.LightningModule):
                 f"{trainable:,} of {total:,} parameters train"
             )
         if not trainable:
-            raise ValueError(
-                f"freeze.modules={list(self.freezing.modules)} freezes every parameter: nothing would train "
-                "(task.lora.rank=N adds adapters that would)"
+            raise ArgumentError(
+                "{freeze.modules} freezes every parameter: nothing would train (task.lora.rank=N adds adapters that would)",
+                **{"freeze.modules": list(self.freezing.modules)},
             )
         eval_frozen(self)
 
@@ -108,9 +109,9 @@ class Task(L.LightningModule):
         """The text tower ``model.<tower>`` must have positions for the data's ``max_length`` tokens."""
         wanted = (self.data_config or {}).get("max_length")
         if isinstance(wanted, int) and max_length < wanted:
-            raise ValueError(
-                f"model.{tower}.max_length={max_length} is shorter than data_config.max_length={wanted} "
-                f"(allowed: >= {wanted})"
+            raise ArgumentError(
+                f"{{model.{tower}.max_length}} is shorter than {{data_config.max_length}} (allowed: >= {wanted})",
+                **{f"model.{tower}.max_length": max_length, "data_config.max_length": wanted},
             )
 
     @classmethod

@@ -18,9 +18,10 @@ from fnmatch import fnmatchcase
 
 from torch import nn
 
+from mmtx.config_error import ArgumentError
+
 log = logging.getLogger(__name__)
 
-_KEY = "freeze"  # the task argument; the start-up check names it task.freeze
 _MAX_PATTERNS, _MAX_PATTERN = 64, 200  # a checkpoint's settings are untrusted: bounded work
 
 
@@ -46,29 +47,40 @@ class Freeze:
     def from_config(cls, config: dict | None) -> Freeze:
         """``task.freeze`` as given (None or empty: nothing frozen), its types checked."""
         if config is not None and not isinstance(config, Mapping):
-            raise ValueError(f"{_KEY}={config!r} must be a mapping of modules, train, train_last_blocks")
+            raise ArgumentError("{freeze!r} must be a mapping of modules, train, train_last_blocks", freeze=config)
         config = dict(config or {})
         unknown = sorted(set(config) - {"modules", "train", "train_last_blocks"})
         if unknown:
-            raise ValueError(f"{_KEY}.{unknown[0]} is not a key (allowed: modules, train, train_last_blocks)")
+            raise ArgumentError(
+                f"{{freeze.{unknown[0]}!k}} is not a key (allowed: modules, train, train_last_blocks)",
+                **{f"freeze.{unknown[0]}": config[unknown[0]]},
+            )
         patterns = {}
         for key in ("modules", "train"):
             value = config.get(key) or ()
             if isinstance(value, str):  # one name
                 value = (value,)
             if not isinstance(value, list | tuple):
-                raise ValueError(f"{_KEY}.{key}={value!r} must be a list of module names or patterns")
+                raise ArgumentError(
+                    f"{{freeze.{key}!r}} must be a list of module names or patterns", **{f"freeze.{key}": value}
+                )
             if not all(isinstance(p, str) and 0 < len(p) <= _MAX_PATTERN for p in value) or len(value) > _MAX_PATTERNS:
-                raise ValueError(
-                    f"{_KEY}.{key} must be a list of at most {_MAX_PATTERNS} module names or patterns "
-                    f"of 1-{_MAX_PATTERN} characters"
+                raise ArgumentError(
+                    f"{{freeze.{key}!k}} must be a list of at most {_MAX_PATTERNS} module names or patterns "
+                    f"of 1-{_MAX_PATTERN} characters",
+                    **{f"freeze.{key}": value},
                 )
             patterns[key] = tuple(value)
         last = config.get("train_last_blocks", 0)
         if isinstance(last, bool) or not isinstance(last, int) or last < 0:
-            raise ValueError(f"{_KEY}.train_last_blocks={last!r} must be an integer >= 0")
+            raise ArgumentError(
+                "{freeze.train_last_blocks!r} must be an integer >= 0", **{"freeze.train_last_blocks": last}
+            )
         if (patterns["train"] or last) and not patterns["modules"]:
-            raise ValueError(f"{_KEY}.train and {_KEY}.train_last_blocks need {_KEY}.modules: nothing is frozen")
+            raise ArgumentError(
+                "{freeze.train!k} and {freeze.train_last_blocks!k} need {freeze.modules!k}: nothing is frozen",
+                **{f"freeze.{key}": config.get(key) for key in ("modules", "train", "train_last_blocks")},
+            )
         return cls(modules=patterns["modules"], train=patterns["train"], train_last_blocks=last)
 
     def __bool__(self) -> bool:
@@ -97,12 +109,18 @@ def _plan(root: nn.Module, freeze: Freeze) -> _Plan:
         found = _matching(names, pattern)
         if not found:
             tops = ", ".join(n for n in names if n.count(".") <= 1)
-            raise ValueError(f"{_KEY}.modules: {pattern!r} names no module (modules: {tops})")
+            raise ArgumentError(
+                f"{{freeze.modules!k}}: {pattern!r} names no module (modules: {tops})",
+                **{"freeze.modules": list(freeze.modules)},
+            )
         plan.frozen.update(found)
     for pattern in freeze.train:
         found = [n for n in _matching(names, pattern) if _under(n, plan.frozen)]
         if not found:
-            raise ValueError(f"{_KEY}.train: {pattern!r} names no module under the frozen ones")
+            raise ArgumentError(
+                f"{{freeze.train!k}}: {pattern!r} names no module under the frozen ones",
+                **{"freeze.train": list(freeze.train)},
+            )
         plan.trained.update(found)
     if freeze.train_last_blocks:
         plan.trained.update(_last_blocks(root, plan.frozen, freeze.train_last_blocks))
@@ -119,11 +137,15 @@ def _last_blocks(root: nn.Module, frozen: set[str], count: int) -> list[str]:
         if isinstance(getattr(module, "blocks", None), nn.ModuleList) and _under(name, frozen)
     ]
     if not towers:
-        raise ValueError(f"{_KEY}.train_last_blocks={count}: no frozen module holds transformer blocks")
+        raise ArgumentError(
+            "{freeze.train_last_blocks}: no frozen module holds transformer blocks",
+            **{"freeze.train_last_blocks": count},
+        )
     for name, tower in towers:
         if count > len(tower.blocks):
-            raise ValueError(
-                f"{_KEY}.train_last_blocks={count}: {name} has {len(tower.blocks)} blocks (allowed: <= {len(tower.blocks)})"
+            raise ArgumentError(
+                f"{{freeze.train_last_blocks}}: {name} has {len(tower.blocks)} blocks (allowed: <= {len(tower.blocks)})",
+                **{"freeze.train_last_blocks": count},
             )
         names += [f"{name}.blocks.{i}" for i in range(len(tower.blocks) - count, len(tower.blocks))]
         children = [n for n, _ in tower.named_children()]

@@ -21,7 +21,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
-_KEY = "lora"  # the task argument; the start-up check names it task.lora
+from mmtx.config_error import ArgumentError
+
 _MAX_PATTERNS, _MAX_PATTERN = 64, 200  # a checkpoint's settings are untrusted: bounded work
 ADAPTER = "default"  # peft's name for the one adapter
 _PARTS = re.compile(rf"^(.*)\.(base_layer\.(weight|bias)|lora_[AB]\.{ADAPTER}\.weight)$")
@@ -48,32 +49,36 @@ class Lora:
     def from_config(cls, config: dict | None) -> Lora:
         """``task.lora`` as given (None: no adapters), its values checked."""
         if config is not None and not isinstance(config, Mapping):
-            raise ValueError(f"{_KEY}={config!r} must be a mapping of rank, alpha, dropout, layers")
+            raise ArgumentError("{lora!r} must be a mapping of rank, alpha, dropout, layers", lora=config)
         config = dict(config or {})
         fields = ("rank", "alpha", "dropout", "layers")
         unknown = sorted(set(config) - set(fields))
         if unknown:
-            raise ValueError(f"{_KEY}.{unknown[0]} is not a key (allowed: {', '.join(fields)})")
+            raise ArgumentError(
+                f"{{lora.{unknown[0]}!k}} is not a key (allowed: {', '.join(fields)})",
+                **{f"lora.{unknown[0]}": config[unknown[0]]},
+            )
         layers = config.get("layers", cls.layers)
         if isinstance(layers, str):  # one pattern
             layers = (layers,)
         if not isinstance(layers, list | tuple):
-            raise ValueError(f"{_KEY}.layers={layers!r} must be a list of layer names or patterns")
+            raise ArgumentError("{lora.layers!r} must be a list of layer names or patterns", **{"lora.layers": layers})
         lora = cls(**{**config, "layers": tuple(layers)})
         if isinstance(lora.rank, bool) or not isinstance(lora.rank, int) or lora.rank < 0:
-            raise ValueError(f"{_KEY}.rank={lora.rank!r} must be an integer >= 0 (0: no adapters)")
+            raise ArgumentError("{lora.rank!r} must be an integer >= 0 (0: no adapters)", **{"lora.rank": lora.rank})
         if isinstance(lora.alpha, bool) or not isinstance(lora.alpha, int | float) or not lora.alpha > 0:
-            raise ValueError(f"{_KEY}.alpha={lora.alpha!r} must be a number > 0")
+            raise ArgumentError("{lora.alpha!r} must be a number > 0", **{"lora.alpha": lora.alpha})
         if isinstance(lora.dropout, bool) or not isinstance(lora.dropout, int | float) or not 0 <= lora.dropout < 1:
-            raise ValueError(f"{_KEY}.dropout={lora.dropout!r} must be in [0, 1)")
+            raise ArgumentError("{lora.dropout!r} must be in [0, 1)", **{"lora.dropout": lora.dropout})
         layers = lora.layers
         if (
             not layers
             or len(layers) > _MAX_PATTERNS
             or not all(isinstance(t, str) and 0 < len(t) <= _MAX_PATTERN for t in layers)
         ):
-            raise ValueError(
-                f"{_KEY}.layers must be a list of 1-{_MAX_PATTERNS} layer names or patterns of 1-{_MAX_PATTERN} characters"
+            raise ArgumentError(
+                f"{{lora.layers!k}} must be a list of 1-{_MAX_PATTERNS} layer names or patterns of 1-{_MAX_PATTERN} characters",
+                **{"lora.layers": layers},
             )
         return lora
 
@@ -105,15 +110,18 @@ def add_adapters(root: nn.Module, lora: Lora, only_frozen: bool = False) -> list
         and not (only_frozen and module.weight.requires_grad)
     ]
     if not names:
-        raise ValueError(f"{_KEY}.layers={list(lora.layers)!r} names no linear layer of the model" + (
-            " that task.freeze freezes" if only_frozen else ""))  # fmt: skip
+        frozen = " that task.freeze freezes" if only_frozen else ""
+        raise ArgumentError(
+            f"{{lora.layers!r}} names no linear layer of the model{frozen}", **{"lora.layers": list(lora.layers)}
+        )
     uses: dict[int, int] = {}
     for _, p in root.named_parameters(remove_duplicate=False):
         uses[id(p)] = uses.get(id(p), 0) + 1
     tied = [n for n in names if uses[id(root.get_submodule(n).weight)] > 1]
     if tied:
-        raise ValueError(
-            f"{_KEY}.layers: {tied[0]} shares its weight with another layer (tied embeddings): not adapted"
+        raise ArgumentError(
+            f"{{lora.layers!k}}: {tied[0]} shares its weight with another layer (tied embeddings): not adapted",
+            **{"lora.layers": list(lora.layers)},
         )
     trainable = {id(p) for p in root.parameters() if p.requires_grad}
     config = peft.LoraConfig(

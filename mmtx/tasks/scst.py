@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from mmtx.config_error import ArgumentError
 from mmtx.generation import GenerationConfig, generate, never_generated
 from mmtx.metrics.cider_reward import CorpusCider
 from mmtx.models.decoder import CaptionDecoder
@@ -36,13 +37,18 @@ class Scst:
 
     def __post_init__(self) -> None:
         if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
-            raise ValueError(f"scst.samples={self.samples!r} must be an integer >= 1")
+            raise ArgumentError("{scst.samples!r} must be an integer >= 1", **{"scst.samples": self.samples})
         if self.baseline not in BASELINES:
-            raise ValueError(f"scst.baseline={self.baseline!r} is not one of {', '.join(BASELINES)}")
+            raise ArgumentError(
+                f"{{scst.baseline!r}} is not one of {', '.join(BASELINES)}", **{"scst.baseline": self.baseline}
+            )
         if self.baseline == "mean" and self.samples < 2:
-            raise ValueError("scst.samples=1 leaves no other samples for scst.baseline=mean (use >= 2, or greedy)")
+            raise ArgumentError(
+                "{scst.samples} leaves no other samples for {scst.baseline} (use >= 2, or greedy)",
+                **{"scst.samples": self.samples, "scst.baseline": self.baseline},
+            )
         if not isinstance(self.temperature, int | float) or not self.temperature > 0:
-            raise ValueError(f"scst.temperature={self.temperature!r} must be > 0")
+            raise ArgumentError("{scst.temperature!r} must be > 0", **{"scst.temperature": self.temperature})
 
 
 def until_eos(tokens: Tensor, eos_id: int) -> Tensor:

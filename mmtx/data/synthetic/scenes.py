@@ -24,6 +24,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
+from mmtx.config_error import ArgumentError
+
 COLORS: dict[str, tuple[int, int, int]] = {
     "red": (220, 40, 40),
     "green": (40, 175, 60),
@@ -95,7 +97,7 @@ class ShapeScene(ABC):
 def check_int(name: str, value: Any, low: int, high: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
         bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{name}={value!r} must be an integer {bounds}")
+        raise ArgumentError(f"{{{name}!r}} must be an integer {bounds}", **{name: value})
 
 
 def _id_base(split: str) -> int:
