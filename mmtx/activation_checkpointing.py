@@ -12,7 +12,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from mmtx.nn.blocks import TransformerBlock
+from mmtx.nn.blocks import BLOCKS
 
 log = logging.getLogger("mmtx")
 
@@ -29,16 +29,18 @@ class _CheckpointedWhenTraining:
         self.block, self.forward, self.options = block, forward, options
 
     def __call__(self, *args: Any, cache: Any = None, **kwargs: Any) -> torch.Tensor:
-        if cache is not None or not (self.block.training and torch.is_grad_enabled()):
+        if cache is not None:  # cached decoding (only blocks with self-attention take a cache)
             return self.forward(*args, cache=cache, **kwargs)
+        if not (self.block.training and torch.is_grad_enabled()):
+            return self.forward(*args, **kwargs)
         return checkpoint(self.forward, *args, use_reentrant=False, **self.options, **kwargs)
 
 
 def checkpoint_blocks(model: nn.Module, **options: Any) -> int:
-    """Checkpoint every :class:`TransformerBlock` in ``model`` in place (``options`` go to
+    """Checkpoint every residual block (`mmtx.nn.blocks.BLOCKS`) in ``model`` in place (``options`` go to
     ``torch.utils.checkpoint.checkpoint``, e.g. ``preserve_rng_state``); parameter names and
     checkpoints are unchanged. Returns how many blocks."""
-    blocks = [m for m in model.modules() if isinstance(m, TransformerBlock)]
+    blocks = [m for m in model.modules() if isinstance(m, BLOCKS)]
     for block in blocks:
         if not isinstance(block.forward, _CheckpointedWhenTraining):
             block.forward = _CheckpointedWhenTraining(block, block.forward, **options)  # type: ignore[method-assign]

@@ -9,7 +9,7 @@ import lightning as L
 import torch
 from torch import nn
 
-from mmtx.nn.blocks import TransformerBlock
+from mmtx.nn.blocks import BLOCKS
 
 log = logging.getLogger("mmtx")
 
@@ -30,9 +30,9 @@ class _CompiledUnlessCached:
 
 
 def compile_blocks(model: nn.Module, **options: Any) -> int:
-    """Compile every :class:`TransformerBlock` in ``model`` in place (``options`` go to
+    """Compile every residual block (`mmtx.nn.blocks.BLOCKS`) in ``model`` in place (``options`` go to
     ``torch.compile``); parameter names and checkpoints are unchanged. Returns how many."""
-    blocks = [m for m in model.modules() if isinstance(m, TransformerBlock)]
+    blocks = [m for m in model.modules() if isinstance(m, BLOCKS)]
     for block in blocks:
         if not isinstance(block.forward, _CompiledUnlessCached):
             block.forward = _CompiledUnlessCached(block.forward, **options)  # type: ignore[method-assign]

@@ -6,7 +6,7 @@ from typing import Literal
 
 from lightning.pytorch.strategies import FSDPStrategy
 
-from mmtx.nn.blocks import TransformerBlock
+from mmtx.nn.blocks import BLOCKS
 
 
 def fsdp(
@@ -15,8 +15,8 @@ def fsdp(
     state_dict_type: Literal["full"] = "full",
     cpu_offload: bool = False,
 ) -> FSDPStrategy:
-    """Lightning's FSDP sharding each :class:`TransformerBlock` (a ViLBERT co-attention layer's
-    four blocks each) as its own unit; embeddings and heads stay in the root unit, so tied
+    """Lightning's FSDP sharding each residual block (`mmtx.nn.blocks.BLOCKS`; a ViLBERT
+    co-attention layer's four blocks each) as its own unit; embeddings and heads stay in the root unit, so tied
     weights stay together.
 
     Args:
@@ -34,7 +34,7 @@ def fsdp(
             f"state_dict_type={state_dict_type!r} is not supported: use 'full' (one checkpoint file, written "
             "atomically, resumable with ckpt_path=); sharded folders are written in place and cannot be resumed"
         )
-    blocks = {TransformerBlock}
+    blocks = set(BLOCKS)
     return FSDPStrategy(
         auto_wrap_policy=blocks,
         activation_checkpointing_policy=blocks if activation_checkpointing else None,

@@ -26,7 +26,7 @@ from mmtx.config_check import ConfigError, check_train_config
 from mmtx.models import CaptionDecoder, ImageCaptioner, TextEncoder, VisionEncoder
 from mmtx.models.pretraining import Objectives, TwoStreamPretrainer
 from mmtx.models.two_stream import TwoStreamModel
-from mmtx.nn.blocks import TransformerBlock
+from mmtx.nn.blocks import CrossAttentionBlock, TransformerBlock
 from tests.helpers import compose_train
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_memory.py"
@@ -74,7 +74,7 @@ def loss_and_grads(model: torch.nn.Module, loss_fn: Callable) -> tuple[torch.Ten
 
 
 def block_count(model: torch.nn.Module) -> int:
-    return sum(isinstance(m, TransformerBlock) for m in model.modules())
+    return sum(isinstance(m, (TransformerBlock, CrossAttentionBlock)) for m in model.modules())
 
 
 @pytest.mark.parametrize("kind", MODELS)
@@ -200,7 +200,7 @@ def test_the_top_level_key_drives_the_callback_and_fsdp() -> None:
             cfg = compose_train([f"trainer={preset}", f"activation_checkpointing={flag}", "paths.output_dir=/unused"])
             assert instantiate(cfg.callbacks.activation_checkpointing).enabled is flag
         policy = instantiate(cfg.trainer.strategy)._activation_checkpointing_kwargs.get("auto_wrap_policy")
-        assert (policy._module_classes == {TransformerBlock}) if flag else policy is None
+        assert (policy._module_classes == {TransformerBlock, CrossAttentionBlock}) if flag else policy is None
     names = list(compose_train(["paths.output_dir=/unused"]).callbacks)
     assert names.index("compile") < names.index("activation_checkpointing")
 

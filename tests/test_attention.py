@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from mmtx.nn import Attention, KVCache, Rotary, TransformerBlock, apply_rotary, sinusoidal_1d
+from mmtx.nn import Attention, CrossAttentionBlock, KVCache, Rotary, TransformerBlock, apply_rotary, sinusoidal_1d
 from mmtx.nn.attention import build_attn_mask
 
 
@@ -145,8 +145,30 @@ def test_block_residual_structure_and_cross_attention():
     # the context matters, and a block without cross-attention has no such input
     assert not torch.allclose(y, block(x, torch.randn(2, 3, 16)))
     assert TransformerBlock(32, 4).cross_attn is None
-    half = TransformerBlock(32, 4, context_dim=16, self_attention=False)
-    assert half.attn is None and half(x, ctx).shape == x.shape
+    half = CrossAttentionBlock(32, 4, context_dim=16).eval()
+    assert not hasattr(half, "attn") and half(x, ctx).shape == x.shape
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_blocks_place_their_norms_as_the_formulas_say(norm_first: bool) -> None:
+    """Pre-norm ``x + f(LN(x))`` and post-norm ``LN(x + f(x))``, for every sub-layer of the full
+    block and of the cross-attention half (a co-attention layer's)."""
+    torch.manual_seed(0)
+    x, ctx = torch.randn(2, 5, 32), torch.randn(2, 3, 16)
+
+    def residual(h, norm, f):
+        return h + f(norm(h)) if norm_first else norm(h + f(h))
+
+    block = TransformerBlock(32, 4, context_dim=16, norm_first=norm_first).eval()
+    h = residual(x, block.norm1, block.attn)
+    h = residual(h, block.norm_cross, lambda t: block.cross_attn(t, ctx))
+    torch.testing.assert_close(block(x, ctx), residual(h, block.norm2, block.mlp))
+
+    half = CrossAttentionBlock(32, 4, context_dim=16, norm_first=norm_first).eval()
+    h = residual(x, half.norm_cross, lambda t: half.cross_attn(t, ctx))
+    torch.testing.assert_close(half(x, ctx), residual(h, half.norm2, half.mlp))
+    # the half keeps a full block's names: checkpoints of co-attention layers load unchanged
+    assert set(half.state_dict()) == {k for k in block.state_dict() if not k.startswith(("norm1.", "attn."))}
 
 
 def test_sinusoidal_matches_the_original_formula():

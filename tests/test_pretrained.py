@@ -18,6 +18,7 @@ from mmtx.data.tokenizer import Tokenizer
 from mmtx.generation import GenerationConfig, generate
 from mmtx.models.captioner import ImageCaptioner
 from mmtx.models.two_stream import TwoStreamModel
+from mmtx.nn.blocks import PostNorm, PreNorm
 from mmtx.pretrained import PretrainedError, load_decoder, load_text_encoder, load_vit
 
 timm = pytest.importorskip("timm", reason="timm is the reference for the timm ViT layout (pip install '.[test]')")
@@ -191,7 +192,11 @@ def test_two_stream_text_stream_is_bert(hf_bert, hf_vit) -> None:
     co-attention layers follow each stream's norm placement."""
     bert, bert_path = hf_bert
     model = TwoStreamModel(load_vit(hf_vit[1]), load_text_encoder(bert_path), co_layers=1, joint_dim=16).eval()
-    assert not model.co_layers[0].text_self.norm_first and model.co_layers[0].vision_self.norm_first
+    layer = model.co_layers[
+        0
+    ]  # BERT's post-norm blocks in the text stream, the ViT's pre-norm ones in the vision stream
+    assert isinstance(layer.text_self.norm1, PostNorm) and isinstance(layer.text_cross.norm2, PostNorm)
+    assert isinstance(layer.vision_self.norm1, PreNorm) and isinstance(layer.vision_cross.norm2, PreNorm)
     ids, mask = padded_batch(BERT["vocab_size"], seed=2)
     with torch.no_grad():
         text, _ = model.encode_text(ids, mask)

@@ -1,7 +1,7 @@
 """Shared building blocks: one attention, one block, the embeddings and positions."""
 
 from mmtx.nn.attention import Attention, KVCache
-from mmtx.nn.blocks import BlockCache, CoAttentionLayer, Mlp, TransformerBlock
+from mmtx.nn.blocks import BlockCache, CoAttentionLayer, CrossAttentionBlock, Mlp, TransformerBlock
 from mmtx.nn.embeddings import PatchEmbed, resample_positions, sinusoidal_1d, sinusoidal_2d
 from mmtx.nn.rotary import Rotary, apply_rotary
 
@@ -9,6 +9,7 @@ __all__ = [
     "Attention",
     "BlockCache",
     "CoAttentionLayer",
+    "CrossAttentionBlock",
     "KVCache",
     "Mlp",
     "PatchEmbed",

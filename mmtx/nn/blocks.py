@@ -1,4 +1,5 @@
-"""The MLP and the residual block (pre-norm by default, post-norm as an option) that every tower stacks."""
+"""The MLP and the residual blocks that every tower stacks: pre-norm by default, post-norm as an
+option; self-attention with optional cross-attention, or cross-attention alone (co-attention)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,25 @@ class Mlp(nn.Module):
         return self.drop(self.fc2(self.act(self.fc1(x))))
 
 
+class PreNorm(nn.LayerNorm):
+    """A LayerNorm in front of its sub-layer: ``x + f(LN(x))`` (ViT, GPT-2)."""
+
+    def residual(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        return x + sublayer(self(x))
+
+
+class PostNorm(nn.LayerNorm):
+    """A LayerNorm after the residual sum: ``LN(x + f(x))`` (BERT, the original transformer)."""
+
+    def residual(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        return self(x + sublayer(x))
+
+
+def residual_norm(norm_first: bool) -> type[PreNorm] | type[PostNorm]:
+    """The norm that places each sub-layer's residual: `PreNorm` or `PostNorm`."""
+    return PreNorm if norm_first else PostNorm
+
+
 @dataclass
 class BlockCache:
     """Decoding state of one block: growing self-attention K/V, fixed cross-attention K/V."""
@@ -53,6 +73,7 @@ class TransformerBlock(nn.Module):
 
     Pre-norm (default; ViT, GPT-2): ``x = x + f(LN(x))`` for each sub-layer ``f``.
     Post-norm (``norm_first=False``; BERT, the original transformer): ``x = LN(x + f(x))``.
+    The norms place the residuals (`PreNorm`, `PostNorm`), chosen once here.
 
     Args:
         dim: width of the stream.
@@ -60,8 +81,6 @@ class TransformerBlock(nn.Module):
         mlp_ratio: MLP hidden width as a multiple of ``dim``.
         context_dim: width of the stream that cross-attention reads; ``None`` means no
             cross-attention (an encoder block).
-        self_attention: False drops the self-attention sub-layer (a ViLBERT co-attention half:
-            cross-attention + MLP only).
         dropout: dropout on each residual branch; ``attn_dropout`` on the attention weights.
         norm_eps: LayerNorm epsilon (1e-6 as in ViT, 1e-12 as in BERT, 1e-5 as in GPT-2).
         norm_first: pre-norm (True) or post-norm (False) residuals.
@@ -75,7 +94,6 @@ class TransformerBlock(nn.Module):
         mlp_ratio: float = 4.0,
         *,
         context_dim: int | None = None,
-        self_attention: bool = True,
         qkv_bias: bool = True,
         dropout: float = 0.0,
         attn_dropout: float = 0.0,
@@ -84,18 +102,15 @@ class TransformerBlock(nn.Module):
         activation: str = "gelu",
     ) -> None:
         super().__init__()
-        self.norm_first = norm_first
+        Norm = residual_norm(norm_first)
         attn_kw = dict(qkv_bias=qkv_bias, attn_dropout=attn_dropout, proj_dropout=dropout)
-        self.norm1 = nn.LayerNorm(dim, eps=norm_eps) if self_attention else None
-        self.attn = Attention(dim, num_heads, **attn_kw) if self_attention else None
+        self.norm1 = Norm(dim, eps=norm_eps)
+        self.attn = Attention(dim, num_heads, **attn_kw)
         cross = context_dim is not None
-        self.norm_cross = nn.LayerNorm(dim, eps=norm_eps) if cross else None
+        self.norm_cross = Norm(dim, eps=norm_eps) if cross else None
         self.cross_attn = Attention(dim, num_heads, context_dim=context_dim, **attn_kw) if cross else None
-        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.norm2 = Norm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout, activation)
-
-    def _residual(self, x: Tensor, norm: nn.Module, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        return x + sublayer(norm(x)) if self.norm_first else norm(x + sublayer(x))
 
     def forward(
         self,
@@ -111,21 +126,67 @@ class TransformerBlock(nn.Module):
     ) -> Tensor:
         """``x`` (B, T, dim); ``mask`` (B, T) and ``context_mask`` (B, S) are True on real tokens;
         ``context_index``: see `Attention.forward`."""
-        if self.attn is not None:
-            self_kv = cache.self_kv if cache is not None else None
-            x = self._residual(
-                x, self.norm1, lambda h: self.attn(h, key_padding_mask=mask, causal=causal, rope=rope, cache=self_kv)
-            )
+        self_kv = cache.self_kv if cache is not None else None
+        x = self.norm1.residual(
+            x, lambda h: self.attn(h, key_padding_mask=mask, causal=causal, rope=rope, cache=self_kv)
+        )
         if self.cross_attn is not None:
             cross_kv = cache.cross_kv if cache is not None else None
-            x = self._residual(
+            x = self.norm_cross.residual(
                 x,
-                self.norm_cross,
                 lambda h: self.cross_attn(
                     h, context, key_padding_mask=context_mask, cache=cross_kv, context_index=context_index
                 ),
             )
-        return self._residual(x, self.norm2, self.mlp)
+        return self.norm2.residual(x, self.mlp)
+
+
+class CrossAttentionBlock(nn.Module):
+    """Residual block of cross-attention and MLP, without self-attention: one stream's half of a
+    ViLBERT co-attention layer (its queries read the other stream). Arguments as `TransformerBlock`'s."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        *,
+        context_dim: int,
+        qkv_bias: bool = True,
+        dropout: float = 0.0,
+        attn_dropout: float = 0.0,
+        norm_eps: float = 1e-6,
+        norm_first: bool = True,
+        activation: str = "gelu",
+    ) -> None:
+        super().__init__()
+        Norm = residual_norm(norm_first)
+        self.norm_cross = Norm(dim, eps=norm_eps)
+        self.cross_attn = Attention(
+            dim, num_heads, context_dim=context_dim, qkv_bias=qkv_bias, attn_dropout=attn_dropout, proj_dropout=dropout
+        )
+        self.norm2 = Norm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout, activation)
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor,
+        *,
+        context_mask: Tensor | None = None,
+        context_index: Tensor | None = None,
+    ) -> Tensor:
+        """``x`` (B, T, dim) reads ``context`` (B, S, context_dim); ``context_mask`` (B, S) is True
+        on real tokens; ``context_index``: see `Attention.forward`."""
+        x = self.norm_cross.residual(
+            x, lambda h: self.cross_attn(h, context, key_padding_mask=context_mask, context_index=context_index)
+        )
+        return self.norm2.residual(x, self.mlp)
+
+
+# the residual blocks that every tower stacks: what sharding, activation checkpointing and
+# compilation treat as one unit each
+BLOCKS = (TransformerBlock, CrossAttentionBlock)
 
 
 class CoAttentionLayer(nn.Module):
@@ -158,13 +219,11 @@ class CoAttentionLayer(nn.Module):
         v_kw = dict(mlp_ratio=mlp_ratio, norm_first=vision_norm_first, **block_kwargs)
         t_kw = dict(mlp_ratio=mlp_ratio, norm_first=text_norm_first, **block_kwargs)
         if vision_reads_text:
-            self.vision_cross = TransformerBlock(
-                vision_dim, vision_heads, context_dim=text_dim, self_attention=False, **v_kw
-            )
+            self.vision_cross = CrossAttentionBlock(vision_dim, vision_heads, context_dim=text_dim, **v_kw)
             self.vision_self = TransformerBlock(vision_dim, vision_heads, **v_kw)
         else:
             self.vision_cross = self.vision_self = None
-        self.text_cross = TransformerBlock(text_dim, text_heads, context_dim=vision_dim, self_attention=False, **t_kw)
+        self.text_cross = CrossAttentionBlock(text_dim, text_heads, context_dim=vision_dim, **t_kw)
         self.text_self = TransformerBlock(text_dim, text_heads, **t_kw)
 
     def forward(
