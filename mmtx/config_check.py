@@ -5,11 +5,11 @@ scanned), `check_eval_config` in ``mmtx-eval`` and `check_shards_config` in ``mm
 collects every problem it finds and raises them together as one `ConfigError`. Each rule lives in
 one place:
 
-- a value on its own (a positive integer, a probability, a Trainer argument, a file that must
-  exist) is checked here, by key;
-- what a constructor refuses (heads that do not divide the width, an image size that is not a
-  multiple of the patch size, a BPE vocabulary below its byte alphabet, a tower shorter than the
-  data's captions) is found by building the tokenizer, the data module and the task once, as
+- a value no constructor checks on its own (a model size, an optimiser rate, a Trainer argument,
+  a file that must exist) is checked here, by key;
+- what a constructor refuses (every data setting, heads that do not divide the width, an image
+  size that is not a multiple of the patch size, a BPE vocabulary below its byte alphabet, a
+  tower shorter than the data's captions) is found by building the tokenizer, the data module and the task once, as
   cheaply as they build: the data module reads nothing before ``setup`` and the task is built
   on the meta device with a stand-in tokenizer. A constructor refuses with an
   `mmtx.config_error.ArgumentError`, which carries the arguments it names, and the refusal is
@@ -44,7 +44,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from mmtx.checkpoint import read_checkpoint, rebuild_task
 from mmtx.config_error import ArgumentError, ConfigError
-from mmtx.data.bad_data import POLICIES
 from mmtx.data.splits import SPLITS
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.generation import GenerationConfig
@@ -62,13 +61,6 @@ _non_negative_int = _rule("an integer >= 0", lambda v: _is_int(v) and v >= 0)
 _positive_number = _rule("a positive number", lambda v: _is_number(v) and v > 0)
 _fraction = _rule("a number in [0, 1)", lambda v: _is_number(v) and 0 <= v < 1)
 
-_DATA_RULES = {  # checked whether given or not
-    "image_size": _positive_int,
-    "batch_size": _positive_int,
-    "eval_batch_size": _optional_positive_int,
-    "num_workers": _rule("an integer >= 0 (0: load in the main process)", lambda v: _is_int(v) and v >= 0),
-    "max_length": _rule("an integer >= 3 ([BOS], a token, [EOS])", lambda v: _is_int(v) and v >= 3),
-}
 _MODEL_RULES = {  # checked in every node of the model config that has the key
     **dict.fromkeys(
         ("dim", "num_heads", "patch_size", "image_size", "max_length", "joint_dim", "itc_dim", "in_chans"),
@@ -97,7 +89,7 @@ def check_train_config(cfg: DictConfig) -> None:
     missing = {group: _unset(cfg[group], group) for group in groups}
     problems = [p for group in groups for p in missing[group]]
     by_value = {
-        "data": data_problems(cfg.data, splits=("train", "val")),
+        "data": unset_split_files(cfg.data, splits=("train", "val")),
         "model": model_problems(cfg.model),
         "task": task_problems(cfg.task),
         "tokenizer": tokenizer_problems(cfg.tokenizer),
@@ -109,9 +101,11 @@ def check_train_config(cfg: DictConfig) -> None:
         problems.append(f"activation_checkpointing={cfg.activation_checkpointing!r} must be true or false")
     if cfg.get("init_from") and not Path(cfg.init_from).is_file():
         problems.append(f"init_from={cfg.init_from}: no such checkpoint file")
-    # the optimiser's values (task.lr ...) do not stop the task from being built and checked
+    # the optimiser's values (task.lr ...) and unset data files stop nothing from being built and checked
     broken = {
-        group for group in groups if missing[group] or unknown.get(group) or (by_value[group] and group != "task")
+        group
+        for group in groups
+        if missing[group] or unknown.get(group) or (by_value[group] and group not in ("task", "data"))
     }
     problems += build_problems(cfg, broken)
     _raise(problems)
@@ -129,7 +123,7 @@ def check_eval_config(cfg: DictConfig) -> None:
     image_size = cfg.get("image_size")
     problems += _optional_positive_int(image_size, "image_size")
     if cfg.get("data"):
-        problems += data_problems(cfg.data, splits=(cfg.split,))
+        problems += unset_split_files(cfg.data, splits=(cfg.split,)) + data_built_problems(cfg)
     given = {k: v for k, v in (cfg.get("generation") or {}).items() if v is not None}
     try:  # what GenerationConfig refuses in the command line's generation overrides
         GenerationConfig(**{"max_new_tokens": 32, **given})
@@ -149,7 +143,7 @@ def check_eval_config(cfg: DictConfig) -> None:
 
 def check_shards_config(cfg: DictConfig) -> None:
     """Refuse an ``mmtx-shards`` config that cannot work, naming every bad key at once."""
-    problems = data_problems(cfg.data)
+    problems = data_built_problems(cfg)
     if OmegaConf.is_missing(cfg, "out"):
         problems.append("out is not set: give the folder to write the shards to, e.g. out=shards/")
     problems += _positive_int(cfg.shard_size, "shard_size") + _positive_int(cfg.quality, "quality")
@@ -312,8 +306,9 @@ def _plain(node: DictConfig) -> dict:
 # --- data -------------------------------------------------------------------------------------
 
 
-def data_problems(data: Any, key: str = "data", splits: tuple[str, ...] = ()) -> list[str]:
-    """What is wrong with a ``data`` config (any source); the files of ``splits`` must be given."""
+def unset_split_files(data: Any, key: str = "data", splits: tuple[str, ...] = ()) -> list[str]:
+    """A problem for each file of ``splits`` that a ``data`` config leaves unset (its values are
+    the data module's to refuse: `data_built_problems`)."""
     get = data.get
     problems = []
     for split in splits:  # data.<split>: {annotations, images, ...} of the file-based sources
@@ -324,18 +319,13 @@ def data_problems(data: Any, key: str = "data", splits: tuple[str, ...] = ()) ->
                 for name, value in files.items()
                 if value is None
             ]
-    problems += [p for name, check in _DATA_RULES.items() for p in check(get(name), f"{key}.{name}")]
-    if "max_text_chars" in data:  # older configs have none: the data module's default
-        problems += _positive_int(get("max_text_chars"), f"{key}.max_text_chars")
-    crop = get("crop_scale")
-    if crop is not None and not (len(crop) == 2 and all(_is_number(v) for v in crop) and 0 < crop[0] <= crop[1] <= 1):
-        problems.append(f"{key}.crop_scale={_show(crop)} must be null or [lo, hi] with 0 < lo <= hi <= 1")
-    shift, size = get("shift_px", 0), get("image_size")
-    if not _is_int(shift) or shift < 0 or (_is_int(size) and shift >= size // 2):
-        problems.append(f"{key}.shift_px={shift!r} must be an integer from 0 to image_size/2 - 1")
-    for policy in ("on_bad_image", "on_bad_annotation"):
-        if policy in data and get(policy) not in POLICIES and not _source(data, policy):  # else: reported at its source
-            problems.append(f"{key}.{policy}={get(policy)!r} is not one of {', '.join(POLICIES)}")
+    return problems
+
+
+def data_built_problems(cfg: DictConfig) -> list[str]:
+    """What the data module of ``cfg.data`` refuses when it is built (it reads nothing then)."""
+    problems: list[str] = []
+    _built(problems, cfg, "data", lambda: instantiate(cfg.data, tokenizer=Tokenizer.train))
     return problems
 
 

@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 from mmtx.checkpoint import TASK_KEY, CheckpointError, check_resume, load_task, read_checkpoint
+from mmtx.config_error import ArgumentError
 from mmtx.data.annotations import AnnotationError
 from mmtx.data.bad_data import REPORT_FILE, BadDataError, BadDataReport
 from mmtx.data.captions import CocoCaptions, read_coco_captions, read_karpathy
@@ -363,8 +364,9 @@ def test_no_image_left_is_an_error_even_when_skipping(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("key", ["on_bad_image", "on_bad_annotation"])
 def test_unknown_policy_is_refused_naming_the_key(key: str) -> None:
-    with pytest.raises(ValueError, match=rf"data.{key}='ignore' is not one of error, skip"):
+    with pytest.raises(ArgumentError, match=rf"^{key}='ignore' is not one of error, skip") as info:
         CocoCaptions(**{key: "ignore"})
+    assert info.value.arguments == {key: "ignore"}  # what mmtx-train's start-up check names data.{key}
 
 
 def _loader_over_a_file_that_breaks_after_the_scan(tmp_path: Path, policy: str, workers: int):

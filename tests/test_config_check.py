@@ -286,3 +286,20 @@ def test_the_signatures_read_through_kwargs_to_the_base_classes() -> None:
 
     assert unknown_keys(_train_cfg("data=grid").data, "data") == []  # GridCaptions -> ... -> the data module
     assert unknown_keys(_train_cfg("task=caption_scst").task, "task") == []  # **kwargs to CaptionTask
+
+
+def test_a_data_value_is_refused_by_the_data_module_itself() -> None:
+    """One place checks each data setting: the data module, whether built by the start-up check
+    (keyed) or by hand (named by its argument)."""
+    from mmtx.data.synthetic import ShapesCaptions
+
+    for bad, expected in (({"batch_size": 0}, "batch_size=0 must be a positive integer"),
+                          ({"shift_px": 40}, "shift_px=40 must be an integer from 0 to image_size/2 - 1"),
+                          ({"crop_scale": [0.8, 0.2]}, "crop_scale=[0.8, 0.2] must be null or [lo, hi]"),
+                          ({"on_bad_image": "ignore"}, "on_bad_image='ignore' is not one of error, skip")):  # fmt: skip
+        with pytest.raises(ArgumentError) as info:
+            ShapesCaptions("unused", image_size=64, **bad)
+        assert str(info.value).startswith(expected)
+        assert f"data.{expected}" in _problems(_train_cfg(*(f"data.{k}={v}".replace(" ", "") for k, v in bad.items())))
+    message = _problems(_train_cfg("data=coco", "data.batch_size=0"))  # unset files and a bad value, at once
+    assert "data.train.annotations is not set" in message and "data.batch_size=0 must be a positive integer" in message

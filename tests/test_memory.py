@@ -95,7 +95,7 @@ def test_training_batches_only_are_shifted(tmp_path: Path) -> None:
         torch.manual_seed(0)
         batch = module.on_after_batch_transfer({"images": pixels.clone()}, 0)
         assert torch.equal(batch["images"], normalize_images(pixels)) is not training
-    with pytest.raises(ValueError, match="data.shift_px=16"):
+    with pytest.raises(ValueError, match=r"^shift_px=16 must be an integer from 0 to image_size/2 - 1"):
         CocoCaptions(image_size=32, shift_px=16)
 
 

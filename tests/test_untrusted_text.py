@@ -316,16 +316,16 @@ def test_max_text_chars_is_a_data_setting_of_every_source() -> None:
     from omegaconf import OmegaConf
 
     from mmtx.cli.common import CONFIG_DIR
-    from mmtx.config_check import data_problems
+    from mmtx.config_check import data_built_problems
     from tests.helpers import compose_train
 
     for preset in sorted((Path(CONFIG_DIR) / "data").glob("*.yaml")):
         assert OmegaConf.load(preset).max_text_chars == MAX_TEXT_CHARS, preset
-    assert not [p for p in data_problems(compose_train(["data=pairs"]).data) if "max_text_chars" in p]
-    assert "data.max_text_chars=0 must be a positive integer" in data_problems(
-        compose_train(["data=pairs", "data.max_text_chars=0"]).data
-    )
-    with pytest.raises(ValueError, match="data.max_text_chars=0 must be a positive integer"):
+    assert not [p for p in data_built_problems(compose_train(["data=pairs"])) if "max_text_chars" in p]
+    assert data_built_problems(compose_train(["data=pairs", "data.max_text_chars=0"])) == [
+        "data.max_text_chars=0 must be a positive integer"
+    ]
+    with pytest.raises(ValueError, match="^max_text_chars=0 must be a positive integer"):
         CocoCaptions(max_text_chars=0)
 
 

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from torch.utils.data import DataLoader, Dataset
 
+from mmtx.config_error import ArgumentError
 from mmtx.data.images import MAX_IMAGE_PIXELS, ImageLoadError, scan_images
 
 log = logging.getLogger(__name__)
@@ -36,10 +37,11 @@ FAILURES_KEY = "image_failures"  # a batch's [(path, reason)] of images replaced
 DECODE_HINT = "set data.on_bad_image=skip to replace such images and go on"
 
 
-def check_policy(value: object, key: str) -> Policy:
-    """``value`` if it is a policy name, else a ValueError naming ``key`` and the choices."""
+def check_policy(value: object, name: str) -> Policy:
+    """``value`` if it is a policy name, else an `ArgumentError` naming the argument ``name``
+    and the choices."""
     if value not in POLICIES:
-        raise ValueError(f"{key}={value!r} is not one of {', '.join(POLICIES)}")
+        raise ArgumentError(f"{{{name}!r}} is not one of {', '.join(POLICIES)}", **{name: value})
     return value  # type: ignore[return-value]
 
 

@@ -20,13 +20,14 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from mmtx.config_error import ArgumentError, ConfigError
+from mmtx.config_error import ConfigError
 from mmtx.data.annotations import MAX_TEXT_CHARS, TextLimit
 from mmtx.data.bad_data import REPORT_FILE, BadDataReport, DecodeFailures, Policy, check_policy
 from mmtx.data.dataset import ImageTextDataset, keep_split_in_memory
 from mmtx.data.images import MAX_IMAGE_PIXELS
 from mmtx.data.reading import read_split, report_long_texts
 from mmtx.data.sampling import ShardedBatchSampler, position_in_epoch, serve
+from mmtx.data.settings import check_settings
 from mmtx.data.splits import SPLITS
 from mmtx.data.tokenizer import Tokenizer, TokenizerError
 from mmtx.data.transforms import build_pixels, prepare_on_device
@@ -93,30 +94,27 @@ class ImageTextDataModule(L.LightningDataModule, ABC):
         val_split: str = "val",
     ) -> None:
         super().__init__()
-        if in_memory not in (True, False, "auto"):
-            raise ValueError(f"data.in_memory={in_memory!r} must be true, false or auto")
+        check_settings(
+            image_size=image_size,
+            batch_size=batch_size,
+            eval_batch_size=eval_batch_size,
+            num_workers=num_workers,
+            max_length=max_length,
+            max_text_chars=max_text_chars,
+            crop_scale=crop_scale,
+            shift_px=shift_px,
+            max_image_pixels=max_image_pixels,
+            in_memory=in_memory,
+        )
         self.in_memory = in_memory
-        if image_size <= 0 or batch_size <= 0 or max_length < 3:
-            raise ArgumentError(
-                "{image_size}, {batch_size} must be positive and {max_length} at least 3",
-                image_size=image_size,
-                batch_size=batch_size,
-                max_length=max_length,
-            )
         self.image_size, self.batch_size = image_size, batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers, self.max_length = num_workers, max_length
-        if isinstance(max_text_chars, bool) or not isinstance(max_text_chars, int) or max_text_chars < 1:
-            raise ValueError(f"data.max_text_chars={max_text_chars!r} must be a positive integer")
         self.max_text_chars = max_text_chars
         self.crop_scale = tuple(crop_scale) if crop_scale else None
-        if isinstance(shift_px, bool) or not isinstance(shift_px, int) or not 0 <= shift_px < image_size // 2:
-            raise ValueError(f"data.shift_px={shift_px!r} must be an integer from 0 to image_size/2 - 1")
         self.shift_px = shift_px
-        self.on_bad_image = check_policy(on_bad_image, "data.on_bad_image")
-        self.on_bad_annotation = check_policy(on_bad_annotation or on_bad_image, "data.on_bad_annotation")
-        if isinstance(max_image_pixels, bool) or not isinstance(max_image_pixels, int) or max_image_pixels < 1:
-            raise ValueError(f"data.max_image_pixels={max_image_pixels!r} must be a positive integer")
+        self.on_bad_image = check_policy(on_bad_image, "on_bad_image")
+        self.on_bad_annotation = check_policy(on_bad_annotation or on_bad_image, "on_bad_annotation")
         self.max_image_pixels = max_image_pixels
         if not (tokenizer is None or isinstance(tokenizer, Tokenizer) or callable(tokenizer)):
             raise TypeError(
