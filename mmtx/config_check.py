@@ -48,6 +48,7 @@ from mmtx.data.splits import SPLITS
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.generation import GenerationConfig
 from mmtx.nn.embeddings import PatchEmbed
+from mmtx.stored_config import constructor_keys
 
 
 def _rule(allowed: str, test: Callable[[Any], bool]) -> Callable[[Any, str], list[str]]:
@@ -216,37 +217,19 @@ def unknown_keys(node: Any, path: str) -> list[str]:
     is built."""
     problems = []
     for where, config in _nodes(node, path):
-        accepted = _parameters(config.get("_target_")) if "_target_" in config else None
+        accepted = _constructor_keys(config.get("_target_")) if "_target_" in config else None
         if accepted is not None:
             keys = [str(k) for k in config]
             problems += [not_a_key(f"{where}.{k}", keys) for k in keys if k not in accepted | _HYDRA_KEYS]
     return problems
 
 
-def _parameters(target: Any) -> set[str] | None:
-    """The keyword arguments ``target`` takes (a class: its ``__init__`` and those it passes
-    ``**kwargs`` on to, up its bases), or None where that cannot be known."""
+def _constructor_keys(target: Any) -> set[str] | None:
+    """The keys ``target`` takes (`mmtx.stored_config.constructor_keys`), None where unknown."""
     try:
-        found = get_object(str(target))
+        return constructor_keys(get_object(str(target)))
     except Exception:  # not importable: instantiating it reports that
         return None
-    if not isinstance(found, type):
-        return _named(inspect.signature(found))[0] if callable(found) else None
-    names: set[str] = set()
-    for klass in found.__mro__:
-        if "__init__" in vars(klass):
-            taken, passes_on = _named(inspect.signature(vars(klass)["__init__"]))
-            names |= taken
-            if not passes_on:
-                return names - {"self"}
-    return None
-
-
-def _named(signature: inspect.Signature) -> tuple[set[str], bool]:
-    """The names a call can give by keyword, and whether it takes ``**kwargs`` too."""
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    params = signature.parameters.values()
-    return {p.name for p in params if p.kind in kinds}, any(p.kind is p.VAR_KEYWORD for p in params)
 
 
 def _built(problems: list[str], cfg: DictConfig, group: str, build: Callable[[], Any]) -> Any:
