@@ -39,10 +39,11 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.errors import InstantiationException
-from hydra.utils import get_class, get_object, instantiate
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from mmtx.checkpoint import read_checkpoint, rebuild_task
+from mmtx.config_build import build, failed_node, locate
 from mmtx.config_error import ArgumentError, ConfigError
 from mmtx.data.splits import SPLITS
 from mmtx.data.tokenizer import Tokenizer
@@ -163,9 +164,11 @@ def build_problems(cfg: DictConfig, broken: set[str] = frozenset()) -> list[str]
     if "tokenizer" not in broken:
         tokenizer = _built(problems, cfg, "tokenizer", lambda: _stand_in_tokenizer(cfg.tokenizer))
     if "data" not in broken:
-        _built(problems, cfg, "data", lambda: instantiate(cfg.data, tokenizer=tokenizer or Tokenizer.train))
+        _built(
+            problems, cfg, "data", lambda: build(_plain(cfg.data), key="data", tokenizer=tokenizer or Tokenizer.train)
+        )
     if tokenizer is not None and not {"model", "task"} & broken:
-        arguments = get_class(cfg.task._target_).stand_in_data_arguments()
+        arguments = locate(cfg.task._target_).stand_in_data_arguments()
         with torch.device("meta"), warnings.catch_warnings():
             # public weights loaded into meta tensors (model=caption_pretrained): a no-op, as meant
             warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter")
@@ -176,14 +179,14 @@ def build_problems(cfg: DictConfig, broken: set[str] = frozenset()) -> list[str]
 def build_task(cfg: DictConfig, tokenizer: Tokenizer, data_arguments: dict[str, Any]) -> Any:
     """The task of ``cfg.task``, given the model and data configs as plain dicts (it builds the
     model itself), the tokenizer as JSON and what the data decides (``data_arguments``)."""
-    return instantiate(
-        cfg.task,
+    settings = _plain(cfg.task)
+    task = locate(settings.pop("_target_"))
+    return task(
+        **settings,
         model=_plain(cfg.model),
         tokenizer=tokenizer.to_str(),
         data_config=_plain(cfg.data),
         **data_arguments,
-        _recursive_=False,
-        _convert_="all",
     )
 
 
@@ -227,7 +230,7 @@ def unknown_keys(node: Any, path: str) -> list[str]:
 def _constructor_keys(target: Any) -> set[str] | None:
     """The keys ``target`` takes (`mmtx.stored_config.constructor_keys`), None where unknown."""
     try:
-        return constructor_keys(get_object(str(target)))
+        return constructor_keys(locate(str(target)))
     except Exception:  # not importable: instantiating it reports that
         return None
 
@@ -236,24 +239,11 @@ def _built(problems: list[str], cfg: DictConfig, group: str, build: Callable[[],
     """``build()``, or None with its refusal appended to ``problems`` under its keys."""
     try:
         return build()
-    except (InstantiationException, ValueError, TypeError, OSError) as error:
-        # Hydra wraps a constructor's error once per config node that was being built, and names
-        # the node only in its message's last line ("full_key: model.encoder"); the innermost
-        # wrapper names the node whose constructor refused
-        keys: list[str] = []
-        while isinstance(error, InstantiationException) and error.__cause__ is not None:
-            _, marker, key = str(error).rpartition("\nfull_key: ")
-            keys.append(key.strip() if marker else "")
-            error = error.__cause__
-        if isinstance(error, InstantiationException):  # no constructor ran: e.g. a _target_ that cannot be imported
-            problems.append(f"{group}: {error}")
-            return None
-        if group == "task" and len(keys) > 1:  # the model, built from its config inside the task
-            node, renames = ".".join(filter(None, ("model", keys[-1]))), {}
-        elif group == "task":
-            node, renames = "task", _TASK_ARGUMENTS
-        else:
-            node, renames = keys[-1] if keys else group, {}
+    except (ValueError, TypeError, OSError, ImportError) as error:
+        # the builder marks a constructor's error with its node (model.encoder); unmarked: the
+        # task's or the tokenizer's own constructor refused
+        node = failed_node(error) or group
+        renames = _TASK_ARGUMENTS if node == "task" else {}
         if isinstance(error, ArgumentError):
             problems.append(error.render(_config_keys(cfg, node, renames)))
         else:
@@ -308,7 +298,7 @@ def unset_split_files(data: Any, key: str = "data", splits: tuple[str, ...] = ()
 def data_built_problems(cfg: DictConfig) -> list[str]:
     """What the data module of ``cfg.data`` refuses when it is built (it reads nothing then)."""
     problems: list[str] = []
-    _built(problems, cfg, "data", lambda: instantiate(cfg.data, tokenizer=Tokenizer.train))
+    _built(problems, cfg, "data", lambda: build(_plain(cfg.data), key="data", tokenizer=Tokenizer.train))
     return problems
 
 

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from hydra.utils import get_object, instantiate
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from mmtx.config_build import build, locate
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from mmtx.file_modes import as_created
@@ -127,7 +127,7 @@ def model_config(config: Mapping[str, Any], model: Any) -> dict[str, Any]:
             out[key] = model_config(value, getattr(model, key))
         else:
             out[key] = value
-    for name, default in _constructor_parameters(get_object(config["_target_"])).items():
+    for name, default in _constructor_parameters(locate(config["_target_"])).items():
         value = getattr(model, name, None)
         if out.get(name) is None and isinstance(value, (bool, int, float, str, list, tuple)) and value != default:
             out[name] = list(value) if isinstance(value, tuple) else value
@@ -173,7 +173,7 @@ def load_exported(path: str | Path, device: str | torch.device = "cpu") -> Expor
     path = Path(path)
     config = read_export_config(path)
     tokenizer, tensors = _tokenizer(path), _weights(path)
-    model = _built_to_fit(lambda: instantiate(config["model"], _convert_="all"), tensors, str(path / WEIGHTS))
+    model = _built_to_fit(lambda: build(config["model"]), tensors, str(path / WEIGHTS))
     load_weights(model, tensors, str(path / WEIGHTS))
     return Exported(model.to(device).eval(), tokenizer, config)
 

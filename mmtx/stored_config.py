@@ -2,7 +2,8 @@
 
 A checkpoint records the configs its task was built from (the model's, the data module's) so that
 ``mmtx-eval``, ``mmtx-caption`` and the others can rebuild it; an export records its model's.
-Hydra's ``instantiate`` calls whatever a ``_target_`` names, so a checkpoint holding nothing but
+Building a config (`mmtx.config_build` for models, Hydra's ``instantiate`` for the data module)
+calls whatever a ``_target_`` names, so a checkpoint holding nothing but
 dicts and strings (which ``torch.load(weights_only=True)`` accepts) could name any function of
 the standard library. Every entry point checks a stored config here first; a config passes only
 if it is what mmtx itself writes there:

@@ -95,12 +95,12 @@ def test_captioner_export_loads_back_identical_without_lightning(tmp_path: Path,
                            generate(task.model.decoder, task.model.encode(images), **kw))  # fmt: skip
     assert tokenizer.to_str() == wordpiece.to_str()
 
-    # in a fresh interpreter: loading needs neither Lightning nor torch.load (no pickles), and
-    # importing the importers brings in none of the reference libraries
+    # in a fresh interpreter: loading needs neither Lightning, Hydra nor torch.load (no pickles),
+    # and importing the importers brings in none of the reference libraries
     code = (
         "import sys, torch; torch.load = None; from mmtx.export import load_exported; import mmtx.pretrained; "
         f"m = load_exported({str(out)!r}).model; "
-        "found = {'lightning', 'pytorch_lightning', 'timm', 'transformers'} & set(sys.modules); "
+        "found = {'lightning', 'pytorch_lightning', 'hydra', 'omegaconf', 'timm', 'transformers'} & set(sys.modules); "
         "assert not found, found; print(type(m).__name__)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ.copy())

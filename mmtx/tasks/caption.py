@@ -7,9 +7,9 @@ from typing import Any
 
 import lightning as L
 import torch
-from hydra.utils import instantiate
 
 from mmtx.attention_maps import attention_grid, caption_maps
+from mmtx.config_build import build
 from mmtx.data.transforms import IMAGENET_MEAN, IMAGENET_STD, normalize_images
 from mmtx.generation import GenerationConfig, generate
 from mmtx.metrics.caption import caption_metrics, constant_baseline
@@ -59,8 +59,8 @@ class CaptionTask(Task):
         data_config: dict | None = None,
     ) -> None:
         super().__init__(tokenizer=tokenizer, data_config=data_config, freeze=freeze, lora=lora)
-        self.model: ImageCaptioner = instantiate(
-            model, decoder={"vocab_size": self.tokenizer.vocab_size, "pad_id": self.tokenizer.pad_id}
+        self.model: ImageCaptioner = build(
+            model, key="model", decoder={"vocab_size": self.tokenizer.vocab_size, "pad_id": self.tokenizer.pad_id}
         )
         self.check_text_length("decoder", self.model.decoder.max_length)
         generation = dict(generation or {})

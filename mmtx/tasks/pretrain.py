@@ -8,8 +8,8 @@ from typing import Any
 
 import lightning as L
 import torch
-from hydra.utils import instantiate
 
+from mmtx.config_build import build
 from mmtx.metrics.retrieval import retrieval_recall
 from mmtx.models.global_batch import GlobalBatch
 from mmtx.models.pretraining import OBJECTIVES, Objectives, TwoStreamPretrainer
@@ -61,8 +61,9 @@ class PretrainTask(Task):
         heads = [k for k in OBJECTIVES if getattr(self.objectives, k) > 0]  # the heads the losses use
         backbone = {"text": {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id},
                     "patch_masking": "mpm" in heads, "pooler": "itm" in heads}  # fmt: skip
-        self.model: TwoStreamPretrainer = instantiate(
+        self.model: TwoStreamPretrainer = build(
             model,
+            key="model",
             backbone=backbone,
             mask_id=tok.mask_id,
             special_ids=sorted(tok.special_ids),

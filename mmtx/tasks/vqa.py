@@ -7,8 +7,8 @@ from typing import Any
 
 import lightning as L
 import torch
-from hydra.utils import instantiate
 
+from mmtx.config_build import build
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.generation import GenerationConfig, generate
 from mmtx.metrics.vqa import build_answer_vocab, normalize_answer, soft_scores, vqa_accuracy
@@ -58,7 +58,7 @@ class AnswerTask(Task):
         data_config: dict | None = None,
     ) -> None:
         super().__init__(tokenizer=tokenizer, data_config=data_config, freeze=freeze, lora=lora)
-        self.model = instantiate(model, **self.model_arguments(self.tokenizer))
+        self.model = build(model, key="model", **self.model_arguments(self.tokenizer))
         self.check_text_length("backbone.text", self.model.backbone.text.max_length)
         self.choose_trainable()
 
