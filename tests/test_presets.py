@@ -13,7 +13,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 from mmtx.checkpoint import read_checkpoint
 from mmtx.compile import compile_blocks
 from mmtx.generation import GenerationConfig, generate
-from mmtx.nn.blocks import TransformerBlock
+from mmtx.nn.blocks import CrossAttentionBlock, TransformerBlock
 from tests.helpers import compose_train, tiny_captioner, train_in_process
 
 NO_GPU = "needs a CUDA GPU (Lightning's FSDP and GPU bf16 run only there); run on a GPU machine"
@@ -24,9 +24,9 @@ def test_fsdp_preset_wraps_and_checkpoints_transformer_blocks(checkpointing: boo
     cfg = compose_train(["trainer=fsdp", f"trainer.strategy.activation_checkpointing={checkpointing}"])
     strategy = instantiate(cfg.trainer.strategy)
     assert isinstance(strategy, FSDPStrategy)
-    assert strategy.kwargs["auto_wrap_policy"]._module_classes == {TransformerBlock}
+    assert strategy.kwargs["auto_wrap_policy"]._module_classes == {TransformerBlock, CrossAttentionBlock}
     policy = strategy._activation_checkpointing_kwargs.get("auto_wrap_policy")
-    assert (policy._module_classes == {TransformerBlock}) if checkpointing else policy is None
+    assert (policy._module_classes == {TransformerBlock, CrossAttentionBlock}) if checkpointing else policy is None
     assert cfg.trainer.precision == "bf16-mixed" and cfg.trainer.accelerator == "gpu"
 
 
