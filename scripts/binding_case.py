@@ -5,17 +5,22 @@ Every image shows two shapes of distinct colours in one row or one column of the
 by size, colour and kind, A drawn at random from the two. With ``--words column`` the caption
 says where A stands instead ("a A column1 of a B"): the same position of the same word, decided
 by A's place alone rather than by A's place against B's. ``--words mixed`` draws either kind.
+``--words axis`` says only whether the pair shares a row or a column ("a A row of a B"): a fact
+about the pair that needs no telling which shape is which.
 ``--first-steps N`` trains on ``--first-words`` (column) captions for N steps before ``--words``.
 With ``--outer`` the two shapes stand side by side in the outer columns, so that A's column
 alone decides the relation too.
 
-A captioner with the towers of ``conf/model/caption_small.yaml`` (``--pos-embed`` and
-``--decoder-depth`` change them; ``--token-shift K`` adds to each word's embedding those of the K
-words before it) trains in this process, with bf16 autocast where the CPU has
+A captioner with the towers of ``conf/model/caption_small.yaml`` (``--pos-embed``,
+``--encoder-depth``, ``--patch-size``, ``--attention`` and ``--decoder-depth`` change them; ``--token-shift K``
+adds to each word's embedding those of the K words before it) trains in this process, with bf16 autocast where the CPU has
 native bf16, for ``--minutes`` (or ``--steps``). Every ``--every`` steps it prints ONE JSON line
 on 600 held-out images: for the relation captions, the share whose true caption is more likely
 than its side-flipped twin (chance 50 %) and the probability of the true direction word; for the
-column captions, the probability of the true column word (chance 1/3)::
+column captions, the probability of the true column word (chance 1/3); for the axis captions,
+that of the true axis word (chance 1/2); and where the decoder's last block looks when it
+predicts the claim word: its cross-attention's share on the image token at A's centre and at
+B's, beside the share each token would get from uniform attention::
 
     python scripts/binding_case.py --minutes 4 [--words relation] [--pos-embed learned]
 
@@ -35,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from mmtx.attention_maps import attention_weights
 from mmtx.data.synthetic.grid import ASPECTS, GRID, LONG_SIDES, GridScene, background, image_dims, place_shapes
 from mmtx.data.synthetic.scenes import COLORS, KINDS, SIZES, render
 from mmtx.data.transforms import build_resize, normalize_images
@@ -47,10 +53,12 @@ from mmtx.tasks.optim import param_groups
 DIRECTIONS = ("left", "right", "above", "below")
 OPPOSITE = {"left": "right", "right": "left", "above": "below", "below": "above"}
 COLUMNS = tuple(f"column{k}" for k in range(GRID))
+AXES = {"left": "row", "right": "row", "above": "column", "below": "column"}  # the pair's shared line
 PAD, BOS, EOS = 0, 1, 2
-VOCAB = ("<pad>", "<bos>", "<eos>", "a", "of", *DIRECTIONS, *COLUMNS, *COLORS, *KINDS, *SIZES)
+VOCAB = ("<pad>", "<bos>", "<eos>", "a", "of", *DIRECTIONS, *COLUMNS, "row", "column", *COLORS, *KINDS, *SIZES)
 WORD_ID = {w: k for k, w in enumerate(VOCAB)}
-SHARES = {"relation": 1.0, "column": 0.0, "mixed": 0.5}  # the share of relation captions
+SHARES = {"relation": 1.0, "column": 0.0, "mixed": 0.5, "axis": 1.0}  # the share of relation captions
+CLAIMS = ("relation", "column", "axis")  # what a caption's claim word says
 DIRECTION_AT = 5  # [BOS] a size colour kind <direction word>: the word's index in the ids
 
 
@@ -69,28 +77,44 @@ class Caption:
 
     text: str
     twin: str
-    relation: bool  # False: a column caption
+    claim: str  # one of CLAIMS
 
 
-def caption(scene: GridScene, first: int, relation: bool) -> Caption:
-    """ "a A left of a B" (`relation`) or "a A column0 of a B", A = shape `first`, with its twin:
-    the opposite side, or the next column."""
+def caption(scene: GridScene, first: int, claim: str) -> Caption:
+    """ "a A left of a B" (`claim` "relation"), "a A column0 of a B" ("column") or "a A row of
+    a B" ("axis"), A = shape `first`, with its twin: the opposite side, the next column or the
+    other axis."""
     a, b = scene.shapes[first], scene.shapes[1 - first]
 
     def say(word: str) -> str:
         return f"a {a.size} {a.color} {a.kind} {word} of a {b.size} {b.color} {b.kind}"
 
-    if relation:
-        side = scene.relation(first, 1 - first)
-        return Caption(say(side), say(OPPOSITE[side]), True)
+    side = scene.relation(first, 1 - first)
+    if claim == "relation":
+        return Caption(say(side), say(OPPOSITE[side]), claim)
+    if claim == "axis":
+        axis = AXES[side]
+        return Caption(say(axis), say("column" if axis == "row" else "row"), claim)
     column = scene.cells[first][1]
-    return Caption(say(COLUMNS[column]), say(COLUMNS[(column + 1) % GRID]), False)
+    return Caption(say(COLUMNS[column]), say(COLUMNS[(column + 1) % GRID]), claim)
 
 
-def relation_share_at(step: int, first_steps: int, first_words: str, words: str) -> float:
-    """The share of relation captions at training step `step`: `first_words`' for the first
-    `first_steps` steps, then `words`'."""
-    return SHARES[first_words] if step < first_steps else SHARES[words]
+def draw_claim(rng: random.Random, words: str, share: float) -> str:
+    """What one caption claims under ``--words`` `words`: the axis, or a relation with
+    probability `share` (else A's column)."""
+    return "axis" if words == "axis" else "relation" if rng.random() < share else "column"
+
+
+def words_at(step: int, first_steps: int, first_words: str, words: str) -> str:
+    """The ``--words`` in force at training step `step`."""
+    return first_words if step < first_steps else words
+
+
+def centre_token(scene: GridScene, shape: int, grid: int) -> int:
+    """The index, CLS first, of the image token holding shape `shape`'s centre, on a `grid` x
+    `grid` patch layout (the image is squashed to a square)."""
+    x, y = scene.shapes[shape].center
+    return 1 + min(int(y * grid / scene.height), grid - 1) * grid + min(int(x * grid / scene.width), grid - 1)
 
 
 def encode(texts: list[str]) -> Tensor:
@@ -127,10 +151,26 @@ class ShiftedEmbedding(torch.nn.Module):
         return out
 
 
-def build_captioner(pos_embed: str, decoder_depth: int, image_size: int, token_shift: int = 0) -> ImageCaptioner:
+def build_captioner(
+    pos_embed: str,
+    decoder_depth: int,
+    image_size: int,
+    token_shift: int = 0,
+    encoder_depth: int = 2,
+    patch_size: int = 8,
+    attention: str = "full",
+) -> ImageCaptioner:
     """conf/model/caption_small.yaml's towers over this script's vocabulary."""
     encoder = VisionEncoder(
-        image_size, 8, dim=128, depth=2, num_heads=4, pos_embed=pos_embed, stem="conv", stem_norm="group"
+        image_size,
+        patch_size,
+        dim=128,
+        depth=encoder_depth,
+        num_heads=4,
+        pos_embed=pos_embed,
+        stem="conv",
+        stem_norm="group",
+        attention=attention,
     )
     decoder = CaptionDecoder(len(VOCAB), 128, dim=128, depth=decoder_depth, num_heads=4, max_length=16, pad_id=PAD)
     if token_shift:
@@ -139,8 +179,11 @@ def build_captioner(pos_embed: str, decoder_depth: int, image_size: int, token_s
 
 
 @torch.no_grad()
-def evaluate(model: ImageCaptioner, images: Tensor, captions: list[Caption], autocast) -> dict[str, float | None]:
-    """The probe's figures on held-out `images` (uint8) and their `captions`."""
+def evaluate(
+    model: ImageCaptioner, images: Tensor, captions: list[Caption], autocast, centres: Tensor | None = None
+) -> dict[str, float | None]:
+    """The probe's figures on held-out `images` (uint8) and their `captions`; with `centres`
+    (B, 2), the image tokens at A's and B's centres, also where the claim word was read from."""
     model.eval()
     pixels = normalize_images(images)
 
@@ -153,26 +196,44 @@ def evaluate(model: ImageCaptioner, images: Tensor, captions: list[Caption], aut
     true, twin = log_probs([c.text for c in captions]), log_probs([c.twin for c in captions])
     won = true.sum(1) > twin.sum(1)
     word = true[:, DIRECTION_AT - 1].exp()  # the claim word's probability
-    kind = torch.tensor([c.relation for c in captions])
+    claim = {k: torch.tensor([c.claim == k for c in captions]) for k in CLAIMS}
+    figures: dict[str, float | None] = {}
+    if centres is not None:
+        ids = encode([c.text for c in captions])
+        blocks = [model.decoder.body.blocks[-1].cross_attn]
+        with autocast():
+            weights = attention_weights(blocks, lambda: model(pixels, ids[:, :-1]))  # (B, 1, H, T, S)
+        read = weights[:, 0, :, DIRECTION_AT - 1].float().mean(1)  # (B, S): the claim word's query
+        figures = {
+            "attention_on_a": mean(read.gather(1, centres[:, :1])),
+            "attention_on_b": mean(read.gather(1, centres[:, 1:])),
+            "attention_uniform": round(1 / read.shape[1], 3),
+        }
     model.train()
-
-    def mean(x: Tensor) -> float | None:
-        return round(x.float().mean().item(), 3) if len(x) else None
-
     return {
-        "relation_true_preferred": mean(won[kind]),
-        "p_direction_word": mean(word[kind]),
-        "p_column_word": mean(word[~kind]),
+        "relation_true_preferred": mean(won[claim["relation"]]),
+        "p_direction_word": mean(word[claim["relation"]]),
+        "p_column_word": mean(word[claim["column"]]),
+        "p_axis_word": mean(word[claim["axis"]]),
+        **figures,
     }
+
+
+def mean(x: Tensor) -> float | None:
+    """The mean of `x` to three places, None for no value."""
+    return round(x.float().mean().item(), 3) if x.numel() else None
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=4.0, help="training time")
     p.add_argument("--steps", type=int, default=None, help="stop after this many steps instead")
-    p.add_argument("--words", choices=("relation", "column", "mixed"), default="relation")
+    p.add_argument("--words", choices=tuple(SHARES), default="relation")
     p.add_argument("--pos-embed", choices=("learned", "sinusoidal", "rope"), default="learned")
     p.add_argument("--decoder-depth", type=int, default=1)
+    p.add_argument("--encoder-depth", type=int, default=2)
+    p.add_argument("--patch-size", type=int, default=8, help="image tokens: (64 / this) squared")
+    p.add_argument("--attention", choices=("full", "axial"), default="full", help="the image encoder's")
     p.add_argument("--first-steps", type=int, default=0, help="train on --first-words for this many steps first")
     p.add_argument("--first-words", choices=tuple(SHARES), default="column")
     p.add_argument("--outer", action="store_true", help="side by side in the outer columns only")
@@ -181,30 +242,44 @@ def main() -> None:
     p.add_argument("--every", type=int, default=500, help="steps between evaluations")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-    if args.images < 1 or args.every < 1 or args.decoder_depth < 1:
-        p.error("--images, --every and --decoder-depth must be at least 1")
+    if min(args.images, args.every, args.decoder_depth, args.encoder_depth + 1) < 1:
+        p.error("--images, --every and --decoder-depth must be at least 1, --encoder-depth at least 0")
+    if 64 % args.patch_size:
+        p.error("--patch-size must divide the 64-px images")
 
     torch.manual_seed(args.seed)
     image_size, batch_size, lr, warmup = 64, 32, 1e-3, 200
     train_images, train_scenes = draw(args.images, 1000 + args.seed, image_size, args.outer)
     val_images, val_scenes = draw(600, 99, image_size, args.outer)
     val_rng = random.Random(5)
-    val_captions = [caption(s, val_rng.randrange(2), val_rng.random() < SHARES[args.words]) for s in val_scenes]
+    val_captions, val_centres = [], []
+    for scene in val_scenes:
+        first = val_rng.randrange(2)
+        val_captions.append(caption(scene, first, draw_claim(val_rng, args.words, SHARES[args.words])))
+        val_centres.append([centre_token(scene, k, image_size // args.patch_size) for k in (first, 1 - first)])
 
-    model = build_captioner(args.pos_embed, args.decoder_depth, image_size, args.token_shift)
+    model = build_captioner(
+        args.pos_embed,
+        args.decoder_depth,
+        image_size,
+        args.token_shift,
+        args.encoder_depth,
+        args.patch_size,
+        args.attention,
+    )
     optimizer = torch.optim.AdamW(param_groups(model, 0.05), lr=lr, betas=(0.9, 0.98))
     bf16 = cpu_has_native_bf16()
     autocast = (lambda: torch.autocast("cpu", torch.bfloat16)) if bf16 else contextlib.nullcontext
     rng, step, start = random.Random(args.seed), 0, time.perf_counter()
 
     def report(**extra) -> None:
-        figures = evaluate(model, val_images, val_captions, autocast)
+        figures = evaluate(model, val_images, val_captions, autocast, torch.tensor(val_centres))
         print(json.dumps({"step": step, "seconds": round(time.perf_counter() - start), **extra, **figures}), flush=True)
 
     while (step < args.steps) if args.steps is not None else (time.perf_counter() - start < 60 * args.minutes):
         index = [rng.randrange(args.images) for _ in range(batch_size)]
-        share = relation_share_at(step, args.first_steps, args.first_words, args.words)
-        texts = [caption(train_scenes[k], rng.randrange(2), rng.random() < share).text for k in index]
+        words = words_at(step, args.first_steps, args.first_words, args.words)
+        texts = [caption(train_scenes[k], rng.randrange(2), draw_claim(rng, words, SHARES[words])).text for k in index]
         for group in optimizer.param_groups:
             group["lr"] = lr * min(1.0, (step + 1) / warmup)
         with autocast():

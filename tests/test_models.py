@@ -140,3 +140,46 @@ def test_group_norm_stem_sees_each_image_alone_and_batch_norm_does_not() -> None
     torch.testing.assert_close(group.eval()(images), group.train()(images))
     with pytest.raises(ValueError, match="stem_norm='instance' must be one of batch, group"):
         VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, stem="conv", stem_norm="instance")
+
+
+def test_axial_attention_reads_along_rows_and_columns_only() -> None:
+    torch.manual_seed(0)
+    vit = VisionEncoder(image_size=32, patch_size=8, dim=16, depth=1, num_heads=4, attention="axial").eval()
+    images = torch.randn(1, 3, 32, 48)  # a 4 x 6 grid: rows and columns of different lengths
+    moved = images.clone()
+    moved[..., 8:16, 24:32] += 1.0  # the patch at row 1, column 3 (the patch stem sees it alone)
+    with torch.no_grad():
+        before, after = vit(images)[0, 1:].reshape(4, 6, 16), vit(moved)[0, 1:].reshape(4, 6, 16)
+    changed = (before - after).abs().amax(-1) > 1e-6  # (4, 6): which patches' tokens moved
+    on_its_lines = torch.zeros(4, 6, dtype=torch.bool)
+    on_its_lines[1, :] = on_its_lines[:, 3] = True
+    assert torch.equal(changed, on_its_lines)  # one block: its row and its column, nothing else
+    # the two-stream model's vision stream runs the same blocks with the same mask
+    from mmtx.models.two_stream import TwoStreamModel
+
+    backbone = TwoStreamModel(vit, TextEncoder(vocab_size=30, dim=16, depth=1, num_heads=2, max_length=8), joint_dim=16)
+    with torch.no_grad():
+        streamed = backbone.eval().encode_vision(images)[0]
+        torch.testing.assert_close(vit.norm(streamed), vit(images))
+        moved_stream = (streamed - backbone.encode_vision(moved)[0])[0, 1:].abs().amax(-1) > 1e-6
+    assert torch.equal(moved_stream.reshape(4, 6), on_its_lines)
+    # the same weights with every head reading everything: the whole image moves
+    full = VisionEncoder(image_size=32, patch_size=8, dim=16, depth=1, num_heads=4)
+    full.load_state_dict(vit.state_dict())
+    with torch.no_grad():
+        assert ((full.eval()(images) - full(moved))[0, 1:].abs().amax(-1) > 1e-6).all()
+
+
+def test_axial_head_mask_splits_the_heads_between_rows_and_columns() -> None:
+    from mmtx.models.vit import axial_head_mask
+
+    mask = axial_head_mask((2, 3), num_heads=4)  # CLS, then (0,0) (0,1) (0,2) (1,0) (1,1) (1,2)
+    assert mask.shape == (4, 7, 7) and mask[:, 0].all() and mask[:, :, 0].all()  # CLS reads and is read
+    rows = torch.block_diag(torch.ones(3, 3), torch.ones(3, 3)).bool()
+    columns = torch.eye(3).repeat(2, 2).bool()
+    assert all(torch.equal(mask[h, 1:, 1:], rows) for h in (0, 1))
+    assert all(torch.equal(mask[h, 1:, 1:], columns) for h in (2, 3))
+    with pytest.raises(ValueError, match="attention='diagonal'"):
+        VisionEncoder(image_size=32, patch_size=8, dim=8, depth=1, num_heads=2, attention="diagonal")
+    with pytest.raises(ValueError, match="num_heads=1"):
+        VisionEncoder(image_size=32, patch_size=8, dim=8, depth=1, num_heads=1, attention="axial")

@@ -130,8 +130,9 @@ class TwoStreamModel(nn.Module):
         if masked_patches is not None and self.mask_token is None:
             raise ValueError("masked_patches: this model was built without a mask token (patch_masking=False)")
         v, rope = self.vision.embed(images, masked_patches, self.mask_token)
+        head_mask = self.vision.head_mask(self.vision.patch_embed.grid(*images.shape[-2:]), v.device)
         for block in self.vision.blocks:
-            v = block(v, rope=rope)
+            v = block(v, rope=rope, head_mask=head_mask)
         return v, rope
 
     def encode_text(self, input_ids: Tensor, text_mask: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:

@@ -38,6 +38,11 @@ class VisionEncoder(nn.Module):
             to the patch grid, then a 1x1 map: `mmtx.nn.embeddings.conv_stem`).
         stem_norm: the conv stem's normalisation: ``batch`` (BatchNorm: statistics of the batch,
             per process under data parallelism) or ``group`` (each image's own: GroupNorm).
+        attention: ``full`` (every head reads every token) or ``axial`` (half the heads read
+            along the query's row of patches, the others along its column, all of them the
+            CLS token: Ho et al. 2019's axial attention within each block): two patches on one
+            line of the image meet undiluted by the rest of it, and two blocks still connect
+            any two patches.
     """
 
     def __init__(
@@ -59,10 +64,19 @@ class VisionEncoder(nn.Module):
         pos_antialias: bool = False,
         stem: str = "patch",
         stem_norm: str = "batch",
+        attention: str = "full",
     ) -> None:
         super().__init__()
         self.pos_kind = check_position_kind(pos_embed)
         head_dim = head_width(dim, num_heads)
+        if attention not in ("full", "axial"):
+            raise ArgumentError("{attention!r} is not one of full, axial", attention=attention)
+        if attention == "axial" and num_heads < 2:
+            raise ArgumentError(
+                "{attention!r} needs at least 2 heads (rows and columns), got {num_heads}",
+                attention=attention,
+                num_heads=num_heads,
+            )
         if pos_embed == "sinusoidal":
             check_sinusoidal_width(dim, axes=2)
         if image_size < patch_size or image_size % patch_size:
@@ -73,7 +87,7 @@ class VisionEncoder(nn.Module):
                 image_size=image_size,
                 patch_size=patch_size,
             )
-        self.dim, self.num_heads, self.image_size = dim, num_heads, image_size
+        self.dim, self.num_heads, self.image_size, self.attention = dim, num_heads, image_size, attention
         self.norm_first, self.pos_antialias = norm_first, pos_antialias
         self.patch_embed = PatchEmbed(patch_size, in_chans, dim, stem, stem_norm)
         self.grid_size = self.patch_embed.grid(image_size, image_size)
@@ -110,6 +124,11 @@ class VisionEncoder(nn.Module):
         table = sinusoidal_2d(*grid, self.dim, device=self.cls_token.device)
         return torch.cat([table.new_zeros(1, self.dim), table])[None].to(self.cls_token.dtype)
 
+    def head_mask(self, grid: tuple[int, int], device: torch.device) -> Tensor | None:
+        """What each head reads (H, 1 + N, 1 + N), True where it may, for a grid of patches;
+        None for full attention."""
+        return axial_head_mask(grid, self.num_heads, device) if self.attention == "axial" else None
+
     def embed(
         self, images: Tensor, masked: Tensor | None = None, mask_token: Tensor | None = None
     ) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
@@ -135,6 +154,19 @@ class VisionEncoder(nn.Module):
     def forward(self, images: Tensor) -> Tensor:
         """``images`` (B, 3, H, W) -> tokens (B, 1 + N, dim), CLS first, after the final norm."""
         x, rope = self.embed(images)
+        head_mask = self.head_mask(self.patch_embed.grid(images.shape[-2], images.shape[-1]), x.device)
         for block in self.blocks:
-            x = block(x, rope=rope)
+            x = block(x, rope=rope, head_mask=head_mask)
         return self.norm(x)
+
+
+def axial_head_mask(grid: tuple[int, int], num_heads: int, device: torch.device | None = None) -> Tensor:
+    """Axial attention over CLS + a (rows, cols) grid of patches, row-major: (H, 1 + N, 1 + N),
+    True where a head's query may read a key. The first ``num_heads // 2`` heads read along
+    the query's row, the others along its column; every head reads and is read by CLS."""
+    rows, cols = grid
+    row, col = torch.cartesian_prod(torch.arange(rows, device=device), torch.arange(cols, device=device)).unbind(1)
+    lines = torch.stack([row[:, None] == row[None, :], col[:, None] == col[None, :]])  # (2, N, N)
+    mask = torch.ones(2, 1 + rows * cols, 1 + rows * cols, dtype=torch.bool, device=device)
+    mask[:, 1:, 1:] = lines
+    return mask[(torch.arange(num_heads, device=device) >= num_heads // 2).long()]

@@ -205,11 +205,13 @@ class Attention(nn.Module):
         rope: tuple[Tensor, Tensor] | None = None,
         cache: KVCache | None = None,
         context_index: Tensor | None = None,
+        head_mask: Tensor | None = None,
     ) -> Tensor:
         """Attend from ``x`` (B, T, dim) to itself or to ``context`` (B, S, context_dim).
 
         ``key_padding_mask`` (B, S) is True on real keys. ``rope`` is (cos, sin) for the query
-        positions (self-attention only). With a ``cache``, ``x`` holds only the new positions.
+        positions (self-attention only). ``head_mask`` (H, T, S), True where a head's query may
+        read a key, narrows what each head reads (self-attention without a cache only). With a ``cache``, ``x`` holds only the new positions.
         ``context_index`` (B,): row i of ``x`` reads row ``context_index[i]`` of a ``context`` of
         fewer rows (the questions of a batch reading their images), whose keys and values are
         then projected once per context row (``key_padding_mask`` stays one row per row of ``x``;
@@ -217,6 +219,8 @@ class Attention(nn.Module):
         """
         if context_index is not None and (cache is not None or not self.is_cross):
             raise ValueError("context_index is for cross-attention without a cache")
+        if head_mask is not None and (cache is not None or self.is_cross):
+            raise ValueError("head_mask is for self-attention without a cache")
         if self.is_cross:
             return self._cross(x, context, key_padding_mask, cache, context_index)
         q, k, v = self._heads(self.qkv(x), 3).unbind(0)  # (B, H, T, Dh) each
@@ -226,8 +230,10 @@ class Attention(nn.Module):
             k, v = cache.append(k, v)
         T, S = q.shape[2], k.shape[2]
         # the causal flag alone is exact (and fastest) when queries and keys are aligned
-        is_causal = causal and key_padding_mask is None and S == T and T > 1
+        is_causal = causal and key_padding_mask is None and head_mask is None and S == T and T > 1
         mask = None if is_causal else build_attn_mask(key_padding_mask, causal, T, S, x.device)
+        if head_mask is not None:
+            mask = head_mask if mask is None else mask & head_mask
         return self._attend(q, k, v, mask, is_causal, x.shape)
 
     def _cross(

@@ -123,12 +123,15 @@ class TransformerBlock(nn.Module):
         causal: bool = False,
         rope: tuple[Tensor, Tensor] | None = None,
         cache: BlockCache | None = None,
+        head_mask: Tensor | None = None,
     ) -> Tensor:
         """``x`` (B, T, dim); ``mask`` (B, T) and ``context_mask`` (B, S) are True on real tokens;
-        ``context_index``: see `Attention.forward`."""
+        ``context_index`` and ``head_mask`` (what each self-attention head reads): see
+        `Attention.forward`."""
         self_kv = cache.self_kv if cache is not None else None
         x = self.norm1.residual(
-            x, lambda h: self.attn(h, key_padding_mask=mask, causal=causal, rope=rope, cache=self_kv)
+            x,
+            lambda h: self.attn(h, key_padding_mask=mask, causal=causal, rope=rope, cache=self_kv, head_mask=head_mask),
         )
         if self.cross_attn is not None:
             cross_kv = cache.cross_kv if cache is not None else None

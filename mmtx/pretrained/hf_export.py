@@ -55,7 +55,7 @@ def _arguments(cls: type, config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _encoder_problems(enc: dict[str, Any]) -> list[str]:
-    wanted = {"stem": "patch", "pos_embed": "learned", "norm_first": True}
+    wanted = {"stem": "patch", "pos_embed": "learned", "norm_first": True, "attention": "full"}
     problems = [f"model.encoder.{k}={enc[k]!r} (transformers' ViT: {v!r})" for k, v in wanted.items() if enc[k] != v]
     if enc["activation"] not in _ACTIVATIONS:
         problems.append(f"model.encoder.activation={enc['activation']!r}")

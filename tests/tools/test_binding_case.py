@@ -65,22 +65,27 @@ def test_captions_state_the_truth_and_twins_the_opposite() -> None:
     rng = random.Random(1)
     for _ in range(100):
         scene, first = case.two_shape_scene(rng), rng.randrange(2)
-        c = case.caption(scene, first, relation=True)
+        c = case.caption(scene, first, "relation")
         assert relation_judgements(c.text, scene) == [True]  # the package's scorer agrees
         assert relation_judgements(c.twin, scene) == [False]
         assert c.text.split()[case.DIRECTION_AT - 1] in case.DIRECTIONS
-        column = case.caption(scene, first, relation=False)
+        column = case.caption(scene, first, "column")
         assert column.text.split()[case.DIRECTION_AT - 1] == f"column{scene.cells[first][1]}"
         assert column.twin != column.text and len(column.twin.split()) == len(column.text.split())
-        ids = case.encode([c.text, column.text])
-        assert ids.shape[0] == 2 and (ids[:, 0] == case.BOS).all() and (ids[:, -1] == case.EOS).all()
+        axis = case.caption(scene, first, "axis")
+        same_row = scene.cells[0][0] == scene.cells[1][0]
+        assert axis.text.split()[case.DIRECTION_AT - 1] == ("row" if same_row else "column")
+        assert axis.twin.split()[case.DIRECTION_AT - 1] == ("column" if same_row else "row")
+        assert axis.text.replace(" row ", " column ") == axis.twin.replace(" row ", " column ")
+        ids = case.encode([c.text, column.text, axis.text])
+        assert ids.shape[0] == 3 and (ids[:, 0] == case.BOS).all() and (ids[:, -1] == case.EOS).all()
 
 
 def test_probe_prefers_what_the_model_finds_likelier() -> None:
     case = _script()
     images, scenes = case.draw(8, seed=0, image_size=32)
     assert images.shape == (8, 3, 32, 32) and images.dtype == torch.uint8
-    captions = [case.caption(s, 0, relation=True) for s in scenes]
+    captions = [case.caption(s, 0, "relation") for s in scenes]
 
     true_ids = case.encode([c.text for c in captions])
     keep = torch.ones(true_ids.shape[1], dtype=torch.bool)
@@ -93,20 +98,36 @@ def test_probe_prefers_what_the_model_finds_likelier() -> None:
 
     figures = case.evaluate(Oracle(), images, captions, lambda: torch.autocast("cpu", enabled=False))
     assert figures["relation_true_preferred"] == 1.0 and figures["p_direction_word"] > 0.99
-    assert figures["p_column_word"] is None
+    assert figures["p_column_word"] is None and figures["p_axis_word"] is None
+
+
+def test_centre_token_holds_the_drawn_shape() -> None:
+    case = _script()
+    images, scenes = case.draw(40, seed=3, image_size=64)
+    for image, scene in zip(images, scenes):
+        for k, shape in enumerate(scene.shapes):
+            # the pixels drawn in the shape's own colour, found in the squashed image
+            close = (image.int() - torch.tensor(shape.rgb)[:, None, None]).abs().amax(0) <= 12
+            ys, xs = close.nonzero(as_tuple=True)
+            token = case.centre_token(scene, k, grid=8) - 1  # CLS first
+            for line, pixels in ((token // 8, ys), (token % 8, xs)):
+                middle = (pixels.min() + pixels.max()).item() / 2 + 0.5  # of its bounding box, in pixels
+                assert 8 * line - 1.5 <= middle <= 8 * (line + 1) + 1.5  # in the token's patch, give or take an edge
 
 
 def test_first_words_are_drawn_for_the_first_steps_only() -> None:
     case = _script()
-    shares = [case.relation_share_at(step, 3, "column", "relation") for step in range(5)]
-    assert shares == [0.0, 0.0, 0.0, 1.0, 1.0]
-    assert case.relation_share_at(0, 0, "column", "mixed") == 0.5
+    assert [case.words_at(step, 3, "column", "relation") for step in range(5)] == ["column"] * 3 + ["relation"] * 2
+    rng = random.Random(0)
+    mixed = [case.draw_claim(rng, "mixed", case.SHARES["mixed"]) for _ in range(400)]
+    assert 150 < mixed.count("relation") < 250 and mixed.count("relation") + mixed.count("column") == 400
+    assert {case.draw_claim(rng, "axis", case.SHARES["axis"]) for _ in range(20)} == {"axis"}
 
 
 def test_a_short_run_prints_its_figures() -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "binding_case.py"), "--steps", "4", "--every", "2"]
-        + ["--images", "16", "--words", "mixed", "--pos-embed", "sinusoidal"],
+        + ["--images", "16", "--words", "mixed", "--pos-embed", "sinusoidal", "--attention", "axial"],
         capture_output=True,
         text=True,
         check=True,
@@ -114,5 +135,10 @@ def test_a_short_run_prints_its_figures() -> None:
     )
     lines = [json.loads(line) for line in out.stdout.splitlines()]
     assert [line["step"] for line in lines] == [2, 4, 4] and lines[-1]["final"] is True
-    assert lines[-1]["words"] == "mixed" and lines[-1]["pos_embed"] == "sinusoidal"
+    assert (
+        lines[-1]["words"] == "mixed" and lines[-1]["pos_embed"] == "sinusoidal" and lines[-1]["attention"] == "axial"
+    )
     assert 0.0 <= lines[-1]["relation_true_preferred"] <= 1.0 and 0.0 < lines[-1]["p_column_word"] < 1.0
+    # where the claim word was read from: shares of one softmax over the CLS and 64 image tokens
+    assert lines[-1]["attention_uniform"] == round(1 / 65, 3)
+    assert 0.0 < lines[-1]["attention_on_a"] < 1.0 and 0.0 < lines[-1]["attention_on_b"] < 1.0
