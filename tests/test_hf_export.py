@@ -20,9 +20,9 @@ transformers = pytest.importorskip("transformers", reason="transformers is the r
 TOL = 1e-5  # fp32
 TEXTS = ["a red square left of a blue circle", "a small green triangle", "two big yellow boxes"]
 # the tiny captioner, as transformers' ViT + GPT-2 build it: linear patch map, learned positions,
-# GELU (tanh) in the decoder; the encoder narrower than the decoder (transformers projects it)
-MAPPABLE = ["model.encoder.stem=patch", "model.encoder.dim=24", "+model.decoder.activation=gelu_tanh",
-            "model.decoder.depth=2"]  # fmt: skip
+# full attention, GELU (tanh) in the decoder; the encoder narrower than the decoder (transformers projects it)
+MAPPABLE = ["model.encoder.stem=patch", "model.encoder.attention=full", "model.encoder.dim=24",
+            "+model.decoder.activation=gelu_tanh", "model.decoder.depth=2"]  # fmt: skip
 
 
 def randomize(module: torch.nn.Module, seed: int) -> None:
