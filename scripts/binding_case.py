@@ -57,7 +57,8 @@ AXES = {"left": "row", "right": "row", "above": "column", "below": "column"}  # 
 PAD, BOS, EOS = 0, 1, 2
 VOCAB = ("<pad>", "<bos>", "<eos>", "a", "of", *DIRECTIONS, *COLUMNS, "row", "column", *COLORS, *KINDS, *SIZES)
 WORD_ID = {w: k for k, w in enumerate(VOCAB)}
-SHARES = {"relation": 1.0, "column": 0.0, "mixed": 0.5, "axis": 1.0}  # the share of relation captions
+RELATION_SHARE = {"relation": 1.0, "column": 0.0, "mixed": 0.5}  # per --words: the share of relation captions
+WORDS = (*RELATION_SHARE, "axis")  # --words: the axis captions claim nothing else
 CLAIMS = ("relation", "column", "axis")  # what a caption's claim word says
 DIRECTION_AT = 5  # [BOS] a size colour kind <direction word>: the word's index in the ids
 
@@ -99,10 +100,10 @@ def caption(scene: GridScene, first: int, claim: str) -> Caption:
     return Caption(say(COLUMNS[column]), say(COLUMNS[(column + 1) % GRID]), claim)
 
 
-def draw_claim(rng: random.Random, words: str, share: float) -> str:
+def draw_claim(rng: random.Random, words: str) -> str:
     """What one caption claims under ``--words`` `words`: the axis, or a relation with
-    probability `share` (else A's column)."""
-    return "axis" if words == "axis" else "relation" if rng.random() < share else "column"
+    probability ``RELATION_SHARE[words]`` (else A's column)."""
+    return "axis" if words == "axis" else "relation" if rng.random() < RELATION_SHARE[words] else "column"
 
 
 def words_at(step: int, first_steps: int, first_words: str, words: str) -> str:
@@ -193,16 +194,20 @@ def evaluate(
             logits = model(pixels, ids[:, :-1]).float()
         return F.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
 
-    true, twin = log_probs([c.text for c in captions]), log_probs([c.twin for c in captions])
+    texts = [c.text for c in captions]
+    passes: list[Tensor] = []  # the true captions' log-probabilities
+    weights = None
+    if centres is None:
+        passes.append(log_probs(texts))
+    else:  # the true captions' pass, its last cross-attention's weights recorded on the way
+        blocks = [model.decoder.body.blocks[-1].cross_attn]
+        weights = attention_weights(blocks, lambda: passes.append(log_probs(texts)))  # (B, 1, H, T, S)
+    true, twin = passes[0], log_probs([c.twin for c in captions])
     won = true.sum(1) > twin.sum(1)
     word = true[:, DIRECTION_AT - 1].exp()  # the claim word's probability
     claim = {k: torch.tensor([c.claim == k for c in captions]) for k in CLAIMS}
     figures: dict[str, float | None] = {}
-    if centres is not None:
-        ids = encode([c.text for c in captions])
-        blocks = [model.decoder.body.blocks[-1].cross_attn]
-        with autocast():
-            weights = attention_weights(blocks, lambda: model(pixels, ids[:, :-1]))  # (B, 1, H, T, S)
+    if weights is not None:
         read = weights[:, 0, :, DIRECTION_AT - 1].float().mean(1)  # (B, S): the claim word's query
         figures = {
             "attention_on_a": mean(read.gather(1, centres[:, :1])),
@@ -228,14 +233,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=4.0, help="training time")
     p.add_argument("--steps", type=int, default=None, help="stop after this many steps instead")
-    p.add_argument("--words", choices=tuple(SHARES), default="relation")
+    p.add_argument("--words", choices=WORDS, default="relation")
     p.add_argument("--pos-embed", choices=("learned", "sinusoidal", "rope"), default="learned")
     p.add_argument("--decoder-depth", type=int, default=1)
     p.add_argument("--encoder-depth", type=int, default=2)
     p.add_argument("--patch-size", type=int, default=8, help="image tokens: (64 / this) squared")
     p.add_argument("--attention", choices=("full", "axial"), default="full", help="the image encoder's")
     p.add_argument("--first-steps", type=int, default=0, help="train on --first-words for this many steps first")
-    p.add_argument("--first-words", choices=tuple(SHARES), default="column")
+    p.add_argument("--first-words", choices=WORDS, default="column")
     p.add_argument("--outer", action="store_true", help="side by side in the outer columns only")
     p.add_argument("--token-shift", type=int, default=0, help="add the embeddings of this many tokens before")
     p.add_argument("--images", type=int, default=12000, help="training images")
@@ -255,7 +260,7 @@ def main() -> None:
     val_captions, val_centres = [], []
     for scene in val_scenes:
         first = val_rng.randrange(2)
-        val_captions.append(caption(scene, first, draw_claim(val_rng, args.words, SHARES[args.words])))
+        val_captions.append(caption(scene, first, draw_claim(val_rng, args.words)))
         val_centres.append([centre_token(scene, k, image_size // args.patch_size) for k in (first, 1 - first)])
 
     model = build_captioner(
@@ -279,7 +284,7 @@ def main() -> None:
     while (step < args.steps) if args.steps is not None else (time.perf_counter() - start < 60 * args.minutes):
         index = [rng.randrange(args.images) for _ in range(batch_size)]
         words = words_at(step, args.first_steps, args.first_words, args.words)
-        texts = [caption(train_scenes[k], rng.randrange(2), draw_claim(rng, words, SHARES[words])).text for k in index]
+        texts = [caption(train_scenes[k], rng.randrange(2), draw_claim(rng, words)).text for k in index]
         for group in optimizer.param_groups:
             group["lr"] = lr * min(1.0, (step + 1) / warmup)
         with autocast():
