@@ -15,7 +15,6 @@ may be named in the config, so loading one runs no code from the files.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -38,6 +37,7 @@ from mmtx.stored_config import (
     StoredConfigError,
     check_stored_config,
     check_tokenizer_json,
+    constructor_parameters,
     stored_class,
 )
 from mmtx.tasks.lora import merge_adapters
@@ -127,27 +127,11 @@ def model_config(config: Mapping[str, Any], model: Any) -> dict[str, Any]:
             out[key] = model_config(value, getattr(model, key))
         else:
             out[key] = value
-    for name, default in _constructor_parameters(locate(config["_target_"])).items():
+    for name, default in constructor_parameters(locate(config["_target_"]))[0].items():
         value = getattr(model, name, None)
         if out.get(name) is None and isinstance(value, (bool, int, float, str, list, tuple)) and value != default:
             out[name] = list(value) if isinstance(value, tuple) else value
     return out
-
-
-def _constructor_parameters(target: Any) -> dict[str, Any]:
-    """Named parameters of a constructor and their defaults (``inspect.Parameter.empty`` if
-    none), following ``**kwargs`` into the bases' constructors (TextEncoder's)."""
-    classes = target.__mro__ if inspect.isclass(target) else ()
-    functions = [cls.__init__ for cls in classes if "__init__" in vars(cls)] or [target]
-    names: dict[str, Any] = {}
-    for fn in functions:
-        params = list(inspect.signature(fn).parameters.values())
-        for p in params:
-            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-                names.setdefault(p.name, p.default)
-        if not any(p.kind == p.VAR_KEYWORD for p in params):
-            break
-    return names
 
 
 def _model_settings(generation: Mapping[str, Any]) -> dict[str, Any]:

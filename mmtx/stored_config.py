@@ -184,23 +184,33 @@ def check_stored_arguments(arguments: Mapping[str, Any], cls: type, where: str) 
             raise StoredConfigError(f"{where}.{key}: {cls.__module__}.{cls.__qualname__} takes no argument {key!r}")
 
 
-def constructor_keys(target: Any) -> set[str] | None:
-    """The named parameters of a constructor, following ``**kwargs`` into the ``__init__``s of a
-    class's mmtx bases (data modules and text encoders pass theirs on; keys beyond them would
-    reach code that is not mmtx's, so none are admitted); None for a function with ``**kwargs``."""
+def constructor_parameters(target: Any) -> tuple[dict[str, Any], bool]:
+    """The named parameters of a constructor and their defaults (``inspect.Parameter.empty``
+    where none), following ``**kwargs`` into the ``__init__``s of a class's mmtx bases (data
+    modules and text encoders pass theirs on), and whether the last one still takes
+    ``**kwargs``: keys beyond these would reach code that is not mmtx's."""
     if not inspect.isclass(target):
         functions = [target]
     else:
         functions = [
             cls.__init__ for cls in target.__mro__ if "__init__" in vars(cls) and cls.__module__.startswith("mmtx.")
         ]
-    names: set[str] = set()
+    names: dict[str, Any] = {}
     for fn in functions:
         parameters = list(inspect.signature(fn).parameters.values())
-        names |= {p.name for p in parameters if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+        for p in parameters:
+            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                names.setdefault(p.name, p.default)
         if not any(p.kind == p.VAR_KEYWORD for p in parameters):
-            return names
-    return names if inspect.isclass(target) else None
+            return names, False
+    return names, True
+
+
+def constructor_keys(target: Any) -> set[str] | None:
+    """The keys a constructor takes (`constructor_parameters`); a class admits no keys beyond
+    them, so None (any key) only for a function with ``**kwargs``."""
+    names, open_ended = constructor_parameters(target)
+    return None if open_ended and not inspect.isclass(target) else set(names)
 
 
 def check_tokenizer_json(text: str, where: str) -> None:
