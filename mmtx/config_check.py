@@ -44,7 +44,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mmtx.checkpoint import read_checkpoint, rebuild_task
 from mmtx.config_build import build, failed_node, locate
-from mmtx.config_error import ArgumentError, ConfigError
+from mmtx.config_error import ArgumentError, ConfigError, is_int, is_number
 from mmtx.data.splits import SPLITS
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.generation import GenerationConfig
@@ -57,11 +57,11 @@ def _rule(allowed: str, test: Callable[[Any], bool]) -> Callable[[Any, str], lis
     return lambda value, key: [] if test(value) else [f"{key}={value!r} must be {allowed}"]
 
 
-_positive_int = _rule("a positive integer", lambda v: _is_int(v) and v > 0)
-_optional_positive_int = _rule("a positive integer", lambda v: v is None or (_is_int(v) and v > 0))
-_non_negative_int = _rule("an integer >= 0", lambda v: _is_int(v) and v >= 0)
-_positive_number = _rule("a positive number", lambda v: _is_number(v) and v > 0)
-_fraction = _rule("a number in [0, 1)", lambda v: _is_number(v) and 0 <= v < 1)
+_positive_int = _rule("a positive integer", lambda v: is_int(v) and v > 0)
+_optional_positive_int = _rule("a positive integer", lambda v: v is None or (is_int(v) and v > 0))
+_non_negative_int = _rule("an integer >= 0", lambda v: is_int(v) and v >= 0)
+_positive_number = _rule("a positive number", lambda v: is_number(v) and v > 0)
+_fraction = _rule("a number in [0, 1)", lambda v: is_number(v) and 0 <= v < 1)
 
 _MODEL_RULES = {  # checked in every node of the model config that has the key
     **dict.fromkeys(
@@ -74,10 +74,10 @@ _MODEL_RULES = {  # checked in every node of the model config that has the key
 }
 _TASK_RULES = {  # checked where the task has the key
     "lr": _positive_number,
-    "weight_decay": _rule("a number >= 0", lambda v: _is_number(v) and v >= 0),
+    "weight_decay": _rule("a number >= 0", lambda v: is_number(v) and v >= 0),
     "warmup_ratio": _fraction,
     "label_smoothing": _fraction,
-    "min_lr_ratio": _rule("a number in [0, 1]", lambda v: _is_number(v) and 0 <= v <= 1),
+    "min_lr_ratio": _rule("a number in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1),
     "num_answers": _positive_int,
     "rerank": _positive_int,
     "num_samples": _non_negative_int,
@@ -131,7 +131,7 @@ def check_eval_config(cfg: DictConfig) -> None:
         GenerationConfig(**{"max_new_tokens": 32, **given})
     except (TypeError, ValueError) as err:
         problems.append(str(err) if str(err).startswith("generation:") else f"generation: {err}")
-    if _is_int(image_size) and image_size > 0 and Path(str(cfg.ckpt)).is_file():
+    if is_int(image_size) and image_size > 0 and Path(str(cfg.ckpt)).is_file():
         with torch.device("meta"):  # its image towers, without weights
             task = rebuild_task(read_checkpoint(cfg.ckpt, mmap=True), cfg.ckpt)
         problems += [
@@ -323,7 +323,7 @@ def trainer_problems(trainer: Any, key: str = "trainer") -> list[str]:
         except InstantiationException as e:
             problems.append(f"{key}.strategy: {e.__cause__ or e}")
     accelerator, devices = str(trainer.get("accelerator", "auto")), trainer.get("devices", "auto")
-    count = devices if _is_int(devices) else None
+    count = devices if is_int(devices) else None
     if accelerator in ("gpu", "cuda"):
         visible = torch.cuda.device_count()
         if not visible:
@@ -370,7 +370,7 @@ def task_problems(task: Any) -> list[str]:
     """What is wrong with the optimiser and schedule settings of ``task`` (its objectives and
     generation settings are checked by their constructors when the task is built)."""
     problems = [p for key, check in _TASK_RULES.items() if key in task for p in check(task[key], f"task.{key}")]
-    if "betas" in task and not (len(task.betas) == 2 and all(_is_number(b) and 0 <= b < 1 for b in task.betas)):
+    if "betas" in task and not (len(task.betas) == 2 and all(is_number(b) and 0 <= b < 1 for b in task.betas)):
         problems.append(f"task.betas={_show(task.betas)} must be two numbers in [0, 1)")
     return problems
 
@@ -422,14 +422,6 @@ def _source(node: Any, key: str) -> str:
 
 def _multiples(step: int) -> str:
     return f"a multiple of {step}: {step}, {2 * step}, {3 * step}, ..."
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _show(value: Any) -> str:

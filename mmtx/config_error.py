@@ -9,6 +9,16 @@ from collections.abc import Callable
 from typing import Any
 
 
+def is_int(value: Any) -> bool:
+    """An integer, and not a bool (YAML's ``true`` would pass ``isinstance(value, int)``)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """An int or a float, and not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 class ConfigError(ValueError):
     """A config value that cannot work; the message names the key and the values allowed."""
 

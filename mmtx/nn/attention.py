@@ -211,7 +211,8 @@ class Attention(nn.Module):
 
         ``key_padding_mask`` (B, S) is True on real keys. ``rope`` is (cos, sin) for the query
         positions (self-attention only). ``head_mask`` (H, T, S), True where a head's query may
-        read a key, narrows what each head reads (self-attention without a cache only). With a ``cache``, ``x`` holds only the new positions.
+        read a key, narrows what each head reads (self-attention without a cache only). With a
+        ``cache``, ``x`` holds only the new positions.
         ``context_index`` (B,): row i of ``x`` reads row ``context_index[i]`` of a ``context`` of
         fewer rows (the questions of a batch reading their images), whose keys and values are
         then projected once per context row (``key_padding_mask`` stays one row per row of ``x``;
