@@ -1,6 +1,7 @@
 """The errors a config value that cannot work raises: `ConfigError` from `mmtx.config_check`'s
 start-up checks and the data modules' own refusals once they have read their data;
-`ArgumentError` from a constructor that refuses its arguments."""
+`ArgumentError` from a constructor that refuses its arguments; and `is_int` / `is_number`, the
+type tests those checks share (a YAML ``true`` is no number)."""
 
 from __future__ import annotations
 

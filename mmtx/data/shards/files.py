@@ -31,6 +31,7 @@ from braceexpand import braceexpand
 from tqdm import tqdm
 from webdataset.tariterators import base_plus_ext
 
+from mmtx.config_error import is_int
 from mmtx.data.annotations import AnnotationError, EntryProblems, TextLimit, invalid_text
 from mmtx.data.captions.files import CaptionRecord
 from mmtx.data.images import FileSlice
@@ -215,7 +216,7 @@ def _captions(
 
 def _image_id(meta: dict[str, Any]) -> int | None:
     image_id = meta.get("image_id")
-    return image_id if isinstance(image_id, int) and not isinstance(image_id, bool) else None
+    return image_id if is_int(image_id) else None
 
 
 def _questions(
@@ -235,7 +236,7 @@ def _questions(
         if not isinstance(entry, dict):
             raise AnnotationError(f"{at}: expected an object")
         question_id, question, answers = entry.get("question_id"), entry.get("question"), entry.get("answers")
-        if not isinstance(question_id, int) or isinstance(question_id, bool):
+        if not is_int(question_id):
             raise AnnotationError(f"{at}.question_id: expected an integer, got {question_id!r}")
         if question_id in seen or question_id in ids:
             raise AnnotationError(f"{at}.question_id: duplicate question id {question_id}")

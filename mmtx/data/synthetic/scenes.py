@@ -24,7 +24,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
-from mmtx.config_error import ArgumentError
+from mmtx.config_error import ArgumentError, is_int
 
 COLORS: dict[str, tuple[int, int, int]] = {
     "red": (220, 40, 40),
@@ -95,7 +95,7 @@ class ShapeScene(ABC):
 
 
 def check_int(name: str, value: Any, low: int, high: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+    if not is_int(value) or value < low or (high is not None and value > high):
         bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ArgumentError(f"{{{name}!r}} must be an integer {bounds}", **{name: value})
 
