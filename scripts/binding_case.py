@@ -13,7 +13,8 @@ alone decides the relation too.
 
 A captioner with the towers of ``conf/model/caption_small.yaml`` (``--pos-embed``,
 ``--encoder-depth``, ``--patch-size``, ``--attention`` and ``--decoder-depth`` change them; ``--token-shift K``
-adds to each word's embedding those of the K words before it) trains in this process, with bf16 autocast where the CPU has
+adds to each word's embedding those of the K words before it; ``--read-where`` has each decoder
+cross-attention head also return where it read) trains in this process, with bf16 autocast where the CPU has
 native bf16, for ``--minutes`` (or ``--steps``). Every ``--every`` steps it prints ONE JSON line
 on 600 held-out images: for the relation captions, the share whose true caption is more likely
 than its side-flipped twin (chance 50 %) and the probability of the true direction word; for the
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from mmtx.attention_maps import attention_weights
 from mmtx.data.synthetic.grid import ASPECTS, GRID, LONG_SIDES, GridScene, background, image_dims, place_shapes
@@ -48,6 +49,7 @@ from mmtx.hardware import cpu_has_native_bf16
 from mmtx.models.captioner import ImageCaptioner
 from mmtx.models.decoder import CaptionDecoder
 from mmtx.models.vit import VisionEncoder
+from mmtx.nn.attention import Attention, sdpa
 from mmtx.tasks.optim import param_groups
 
 DIRECTIONS = ("left", "right", "above", "below")
@@ -152,6 +154,36 @@ class ShiftedEmbedding(torch.nn.Module):
         return out
 
 
+def token_coords(grid: int) -> Tensor:
+    """(1 + grid*grid, 3): each image token's centre (x, y) in [-1, 1], row by row from the top
+    left, and a flag that is 1 on the CLS token (first, at (0, 0)) only."""
+    centres = (torch.arange(grid) + 0.5) / grid * 2 - 1
+    y, x = torch.meshgrid(centres, centres, indexing="ij")
+    patches = torch.stack([x.flatten(), y.flatten(), torch.zeros(grid * grid)], -1)
+    return torch.cat([torch.tensor([[0.0, 0.0, 1.0]]), patches])
+
+
+class WhereCrossAttention(Attention):
+    """Cross-attention whose heads also return where they read: each head's attention-weighted
+    mean of the image tokens' coordinates (`token_coords`), mapped to the width by a projection
+    of its own. A query that singles out a named shape then holds that shape's place as such,
+    not only what of its position embedding the encoder's blocks passed on."""
+
+    def __init__(self, dim: int, num_heads: int, context_dim: int, grid: int) -> None:
+        super().__init__(dim, num_heads, context_dim=context_dim)
+        self.register_buffer("coords", token_coords(grid), persistent=False)  # (S, 3)
+        self.where = nn.Linear(3 * num_heads, dim)
+
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, shape: torch.Size
+    ) -> Tensor:
+        coords = self.coords.to(v.dtype).expand(*v.shape[:3], 3)  # (B, H, S, 3)
+        y = sdpa(q, k, torch.cat([v, coords], -1), attn_mask=mask, is_causal=is_causal)  # (B, H, T, Dh + 3)
+        read, where = y.split((self.head_dim, 3), -1)
+        joined = self.proj(read.transpose(1, 2).reshape(shape))  # (B, T, dim), as Attention joins them
+        return joined + self.where(where.transpose(1, 2).reshape(*shape[:2], -1))
+
+
 def build_captioner(
     pos_embed: str,
     decoder_depth: int,
@@ -160,6 +192,7 @@ def build_captioner(
     encoder_depth: int = 2,
     patch_size: int = 8,
     attention: str = "full",
+    read_where: bool = False,
 ) -> ImageCaptioner:
     """conf/model/caption_small.yaml's towers over this script's vocabulary."""
     encoder = VisionEncoder(
@@ -176,6 +209,9 @@ def build_captioner(
     decoder = CaptionDecoder(len(VOCAB), 128, dim=128, depth=decoder_depth, num_heads=4, max_length=16, pad_id=PAD)
     if token_shift:
         decoder.body.token_embed = ShiftedEmbedding(decoder.body.token_embed, token_shift)
+    if read_where:
+        for block in decoder.body.blocks:
+            block.cross_attn = WhereCrossAttention(128, 4, 128, image_size // patch_size)
     return ImageCaptioner(encoder, decoder)
 
 
@@ -243,6 +279,7 @@ def main() -> None:
     p.add_argument("--first-words", choices=WORDS, default="column")
     p.add_argument("--outer", action="store_true", help="side by side in the outer columns only")
     p.add_argument("--token-shift", type=int, default=0, help="add the embeddings of this many tokens before")
+    p.add_argument("--read-where", action="store_true", help="decoder heads also return where they read")
     p.add_argument("--images", type=int, default=12000, help="training images")
     p.add_argument("--every", type=int, default=500, help="steps between evaluations")
     p.add_argument("--seed", type=int, default=0)
@@ -271,6 +308,7 @@ def main() -> None:
         args.encoder_depth,
         args.patch_size,
         args.attention,
+        args.read_where,
     )
     optimizer = torch.optim.AdamW(param_groups(model, 0.05), lr=lr, betas=(0.9, 0.98))
     bf16 = cpu_has_native_bf16()

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from mmtx.data.synthetic.scoring import relation_judgements
@@ -124,9 +125,29 @@ def test_first_words_are_drawn_for_the_first_steps_only() -> None:
     assert {case.draw_claim(rng, "axis") for _ in range(20)} == {"axis"}
 
 
-def test_a_short_run_prints_its_figures() -> None:
+def test_where_heads_return_the_mean_place_they_read() -> None:
+    case = _script()
+    torch.manual_seed(0)
+    attn = case.WhereCrossAttention(8, 2, 6, grid=2)
+    x, context = torch.randn(3, 4, 8), torch.randn(3, 5, 6)  # CLS + a 2x2 grid of image tokens
+    q = attn.q(x).view(3, 4, 2, 4).transpose(1, 2)
+    k, v = attn.kv(context).view(3, 5, 2, 2, 4).permute(2, 0, 3, 1, 4)
+    weights = (q @ k.transpose(-1, -2) / 2).softmax(-1)  # (B, H, T, S)
+    # CLS, then the top left, top right, bottom left and bottom right patch centres
+    coords = torch.tensor([[0, 0, 1], [-0.5, -0.5, 0], [0.5, -0.5, 0], [-0.5, 0.5, 0], [0.5, 0.5, 0.0]])
+    read = (weights @ v).transpose(1, 2).reshape(3, 4, 8)
+    where = (weights @ coords).transpose(1, 2).reshape(3, 4, 6)
+    expected = attn.proj(read) + attn.where(where)
+    torch.testing.assert_close(attn(x, context), expected)
+    model = case.build_captioner("sinusoidal", 2, 32, read_where=True)
+    assert all(isinstance(block.cross_attn, case.WhereCrossAttention) for block in model.decoder.body.blocks)
+    assert model.decoder.body.blocks[0].cross_attn.coords.shape == (1 + 4 * 4, 3)
+
+
+@pytest.mark.parametrize("where", [[], ["--read-where"]])
+def test_a_short_run_prints_its_figures(where: list[str]) -> None:
     out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "binding_case.py"), "--steps", "4", "--every", "2"]
+        [sys.executable, str(ROOT / "scripts" / "binding_case.py"), "--steps", "4", "--every", "2", *where]
         + ["--images", "16", "--words", "mixed", "--pos-embed", "sinusoidal", "--attention", "axial"],
         capture_output=True,
         text=True,
