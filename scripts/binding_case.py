@@ -62,6 +62,7 @@ WORD_ID = {w: k for k, w in enumerate(VOCAB)}
 RELATION_SHARE = {"relation": 1.0, "column": 0.0, "mixed": 0.5}  # per --words: the share of relation captions
 WORDS = (*RELATION_SHARE, "axis")  # --words: the axis captions claim nothing else
 CLAIMS = ("relation", "column", "axis")  # what a caption's claim word says
+DIM, HEADS = 128, 4  # conf/model/caption_small.yaml's width and heads, in both towers
 DIRECTION_AT = 5  # [BOS] a size colour kind <direction word>: the word's index in the ids
 
 
@@ -198,20 +199,20 @@ def build_captioner(
     encoder = VisionEncoder(
         image_size,
         patch_size,
-        dim=128,
+        dim=DIM,
         depth=encoder_depth,
-        num_heads=4,
+        num_heads=HEADS,
         pos_embed=pos_embed,
         stem="conv",
         stem_norm="group",
         attention=attention,
     )
-    decoder = CaptionDecoder(len(VOCAB), 128, dim=128, depth=decoder_depth, num_heads=4, max_length=16, pad_id=PAD)
+    decoder = CaptionDecoder(len(VOCAB), DIM, dim=DIM, depth=decoder_depth, num_heads=HEADS, max_length=16, pad_id=PAD)
     if token_shift:
         decoder.body.token_embed = ShiftedEmbedding(decoder.body.token_embed, token_shift)
     if read_where:
         for block in decoder.body.blocks:
-            block.cross_attn = WhereCrossAttention(128, 4, 128, image_size // patch_size)
+            block.cross_attn = WhereCrossAttention(DIM, HEADS, DIM, image_size // patch_size)
     return ImageCaptioner(encoder, decoder)
 
 
