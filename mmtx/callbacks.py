@@ -162,10 +162,13 @@ class Preemption(L.Callback):
         self.received = signum
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        # the highest signal any process noted: all stop at this step with one exit status, however
-        # the notice reached them (a job's status, e.g. srun's, is its tasks' highest)
-        noted = torch.tensor(self.received or 0, device=trainer.strategy.root_device)
-        signum = int(trainer.strategy.reduce(noted, reduce_op="max"))
+        if trainer.world_size == 1:  # no device round trip: the host need not wait for the step
+            signum = self.received or 0
+        else:
+            # the highest signal any process noted: all stop at this step with one exit status,
+            # however the notice reached them (a job's status, e.g. srun's, is its tasks' highest)
+            noted = torch.tensor(self.received or 0, device=trainer.strategy.root_device)
+            signum = int(trainer.strategy.reduce(noted, reduce_op="max"))
         if not signum:
             return
         trainer.save_checkpoint(self.path)
@@ -187,7 +190,21 @@ class BudgetProgressBar(RichProgressBar):
     """Lightning's rich progress bar, counting down the run's budget: beside the metrics, the
     optimizer steps done of ``max_steps`` and the time left of ``max_time``. Lightning's own
     counts epochs only and reads "Epoch 3/-2" in a run without an epoch budget
-    (``max_epochs=-1``, as the CPU preset's time-budgeted runs have): there it reads "Epoch 3"."""
+    (``max_epochs=-1``, as the CPU preset's time-budgeted runs have): there it reads "Epoch 3".
+
+    The training metrics it shows (``shown``, those a run logs) are read here, at most every
+    ``metrics_every`` seconds while training: reading a metric that lives on a GPU makes the host
+    wait for the step that computes it, and Lightning reads those logged with ``prog_bar=True``
+    after every batch, which would keep the host from preparing the next batch meanwhile. The
+    tasks log their training metrics without it.
+    """
+
+    def __init__(self, *args: Any, shown: tuple[str, ...] = ("train/loss", "train/reward"),
+                 metrics_every: float = 1.0, **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(*args, **kwargs)
+        self.shown, self.metrics_every = tuple(shown), metrics_every
+        self._metrics: dict[str, Any] | None = None
+        self._metrics_read = 0.0
 
     def _get_train_description(self, current_epoch: int) -> str:
         if self.trainer.max_epochs is None or self.trainer.max_epochs >= 0:
@@ -195,7 +212,12 @@ class BudgetProgressBar(RichProgressBar):
         return f"{f'Epoch {current_epoch}':{len(self.validation_description)}}"  # padded as Lightning pads it
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
-        items = super().get_metrics(trainer, pl_module)
+        now = time.monotonic()
+        if not trainer.training or self._metrics is None or now - self._metrics_read >= self.metrics_every:
+            logged = trainer.callback_metrics
+            shown = {k: float(logged[k]) for k in self.shown if k in logged}
+            self._metrics, self._metrics_read = {**super().get_metrics(trainer, pl_module), **shown}, now
+        items = dict(self._metrics)
         if trainer.max_steps > 0:
             items["step"] = f"{trainer.global_step}/{trainer.max_steps}"
         timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)

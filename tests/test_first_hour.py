@@ -12,6 +12,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import RichProgressBar
 from PIL import Image
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -74,6 +75,24 @@ def test_progress_bar_counts_steps_and_time_left_with_no_epoch_limit(tmp_path: P
     trainer, module = fit(tmp_path, [bar], max_epochs=2)
     assert bar._get_train_description(1).strip() == "Epoch 1/1"
     assert not {"step", "time left"} & set(bar.get_metrics(trainer, module))
+
+
+def test_progress_bar_reads_the_metrics_at_most_every_metrics_every_seconds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads: list[bool] = []  # whether each read of Lightning's metrics came while training
+    lightnings = RichProgressBar.get_metrics
+
+    def counted(self: RichProgressBar, trainer: L.Trainer, module: L.LightningModule) -> dict:
+        reads.append(trainer.training)
+        return lightnings(self, trainer, module)
+
+    monkeypatch.setattr(RichProgressBar, "get_metrics", counted)
+    fit(tmp_path, [BudgetProgressBar()], max_epochs=-1, max_steps=8)  # a second is more than this takes
+    assert reads.count(True) == 1, reads  # a metric on a GPU is read once, not after every batch
+    reads.clear()
+    fit(tmp_path, [BudgetProgressBar(metrics_every=0)], max_epochs=-1, max_steps=8)
+    assert reads.count(True) >= 8, reads
 
 
 def test_mmtx_train_adds_progress_bar_and_summary_unless_trainer_disables() -> None:

@@ -12,6 +12,7 @@ about "left of" and "right of", and a flip would silently make them false.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -77,9 +78,17 @@ def build_normalize(mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] 
 
 def normalize_images(images: torch.Tensor) -> torch.Tensor:
     """A uint8 batch (B, 3, S, S) normalised as `build_normalize` does one image, on its device."""
-    return v2.functional.normalize(
-        v2.functional.to_dtype(images, torch.float32, scale=True), list(IMAGENET_MEAN), list(IMAGENET_STD)
-    )
+    mean, std = _mean_std(images.device)
+    return v2.functional.to_dtype(images, torch.float32, scale=True).sub(mean).div_(std)
+
+
+@functools.cache
+def _mean_std(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """ImageNet's mean and std as (3, 1, 1) float32 tensors on ``device``, copied there once:
+    a copy from the host for every batch would make it wait for the device."""
+    mean = torch.tensor(IMAGENET_MEAN, device=device).view(3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, device=device).view(3, 1, 1)
+    return mean, std
 
 
 def random_shift(images: torch.Tensor, max_px: int, seeds: list[int] | None = None) -> torch.Tensor:

@@ -32,11 +32,12 @@ def mask_tokens(
     labels = torch.where(picked, input_ids, IGNORE)
     how = draws.rand(*input_ids.shape, device=device)
     inputs = torch.where(picked & (how < 0.8), mask_id, input_ids)
-    ordinary = torch.ones(vocab_size, dtype=torch.bool)
-    ordinary[list(special_ids or [])] = False
-    choices = ordinary.nonzero().squeeze(1).to(input_ids.device)  # ids a random replacement may take
-    pick = draws.randint(len(choices), *input_ids.shape, device=device)
-    random_tokens = choices[pick]
+    # the k-th id that is not special, for a k drawn below the number of such ids (no table of
+    # them: building one on the device would take its length to the host)
+    skipped = sorted(set(special_ids or []) & set(range(vocab_size)))
+    random_tokens = draws.randint(vocab_size - len(skipped), *input_ids.shape, device=device)
+    for special in skipped:  # ascending: each special id at or below the token shifts it up one
+        random_tokens = random_tokens + (random_tokens >= special)
     inputs = torch.where(picked & (how >= 0.8) & (how < 0.9), random_tokens, inputs)
     return inputs, labels
 

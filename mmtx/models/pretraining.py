@@ -290,8 +290,9 @@ class TwoStreamPretrainer(nn.Module):
         """The ids with the words picked for MLM masked, and their labels (b, T) (`IGNORE` elsewhere)."""
         if self.mask_id is None:
             raise ValueError("TwoStreamPretrainer.mask_id is not set (the tokenizer's [MASK] id)")
-        special = torch.tensor(self.special_ids, device=input_ids.device)
-        maskable = text_mask & ~torch.isin(input_ids, special)
+        maskable = text_mask.clone()
+        for special in self.special_ids:  # compared with each id: a tensor of them would be a copy to the device
+            maskable &= input_ids != special
         vocab = self.backbone.text.token_embed.num_embeddings
         return mask_tokens(input_ids, maskable, self.mask_id, vocab, obj.mask_prob, batch, self.special_ids)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -53,24 +54,28 @@ def mlm_loss(
 ) -> tuple[Tensor, Tensor]:
     """Cross-entropy and accuracy of the masked words ``labels`` (b, T) (`IGNORE` elsewhere),
     predicted by ``head`` from the fused text tokens ``text`` (b, T, Dt); only on aligned pairs,
-    as ViLBERT (an aligned pair reads its own text)."""
+    as ViLBERT (an aligned pair reads its own text).
+
+    The head reads every token and the loss keeps the masked ones, as BERT's implementations
+    do: picking the masked tokens out first would take their number to the host, a wait for
+    the GPU in every step."""
     labels = labels.masked_fill(~aligned[:, None], IGNORE)
-    rows = labels != IGNORE
-    logits = head(text[rows])
-    count = rows.sum()
-    loss = batch.mean(F.cross_entropy(logits.float(), labels[rows], reduction="sum"), count)
-    return loss, batch.mean((logits.argmax(-1) == labels[rows]).sum().float(), count)
+    logits = head(text).float()  # (b, T, V)
+    count = (labels != IGNORE).sum()
+    loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE, reduction="sum")
+    right = (logits.argmax(-1) == labels).sum().float()  # an IGNORE label never equals a prediction
+    return batch.mean(loss, count), batch.mean(right, count)
 
 
 def mpm_loss(
     head: nn.Module, patches: Tensor, targets: Tensor, picked: Tensor, aligned: Tensor, batch: GlobalBatch
 ) -> Tensor:
     """Mean squared error of the ``picked`` (b, N) patches' targets (b, N, P) regressed by
-    ``head`` from the fused patch tokens ``patches`` (b, N, Dv); only on aligned pairs."""
+    ``head`` from the fused patch tokens ``patches`` (b, N, Dv); only on aligned pairs. The
+    head reads every patch (see :func:`mlm_loss`)."""
     sel = picked & aligned[:, None]
-    pred = head(patches[sel])
-    target = targets[sel]
-    return batch.mean(F.mse_loss(pred.float(), target, reduction="sum"), sel.sum() * target.shape[-1])
+    errors = F.mse_loss(head(patches).float(), targets, reduction="none").sum(-1)  # (b, N)
+    return batch.mean(torch.where(sel, errors, 0).sum(), sel.sum() * targets.shape[-1])
 
 
 def soft_cross_entropy(logits: Tensor, positives: Tensor) -> Tensor:

@@ -180,8 +180,10 @@ class Task(L.LightningModule):
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         """Log the step's learning rate as ``train/lr``. (Lightning's ``LearningRateMonitor``
         refuses to run without a logger, as with ``logger=none``, and names one key per
-        parameter group.)"""
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=len(batch["images"]))
+        parameter group.) A tensor on the host: Lightning would copy a number to the device,
+        and that copy waits for the step to finish."""
+        lr = torch.tensor(float(self.optimizers().param_groups[0]["lr"]))
+        self.log("train/lr", lr, batch_size=len(batch["images"]))
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[TASK_KEY] = f"{type(self).__module__}.{type(self).__qualname__}"
@@ -217,7 +219,9 @@ class Task(L.LightningModule):
         step's mean, is logged there. The sum is finite when the mean is (`NonFiniteLoss` reads
         it), and gradient clipping comes after the division.
         """
-        sums = torch.stack([total.detach().float(), torch.as_tensor(count, device=total.device).float()])
+        if not isinstance(count, torch.Tensor):  # filled on the device: a copy there would wait for the step
+            count = torch.full((), count, device=total.device)
+        sums = torch.stack([total.detach().float(), count.float()])
         self._step_sums = sums if self._step_sums is None else self._step_sums + sums
         return total
 
@@ -231,11 +235,14 @@ class Task(L.LightningModule):
         self._step_sums = None
         # Lightning divided each micro-batch's loss by k; DDP and FSDP average over the processes
         scale = self.trainer.accumulate_grad_batches * self.trainer.world_size / count
+        grads: dict[torch.device, list[torch.Tensor]] = {}  # FSDP's CPU offload keeps gradients on the CPU
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if p.grad is not None:  # none where NonFiniteLoss dropped the step
-                    p.grad.mul_(scale.to(p.grad.device))  # FSDP's CPU offload keeps gradients on the CPU
-        self.log("train/loss", total / count, prog_bar=True)  # the same on every process
+                    grads.setdefault(p.grad.device, []).append(p.grad)
+        for device, same in grads.items():  # one multi-tensor kernel, not one launch per parameter
+            torch._foreach_mul_(same, scale if device == scale.device else scale.to(device))
+        self.log("train/loss", total / count)  # the same on every process; the progress bar reads it
 
 
 RNG_KEY = "mmtx_rng"

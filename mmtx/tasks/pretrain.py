@@ -80,7 +80,9 @@ class PretrainTask(Task):
     def _log_losses(self, out: dict[str, torch.Tensor], stage: str, batch_size: int) -> None:
         # each process holds its share of the global batch's mean: their mean is that mean
         for k, v in out.items():
-            self.log(f"{stage}/{k}", v, prog_bar=k == "loss", batch_size=batch_size, sync_dist=True)
+            # the progress bar reads train/loss itself (mmtx.callbacks.BudgetProgressBar)
+            self.log(f"{stage}/{k}", v, prog_bar=k == "loss" and stage != "train", batch_size=batch_size,
+                     sync_dist=True)  # fmt: skip
 
     def global_batch(self, batch_idx: int) -> GlobalBatch:
         """This process's place in the global batch of training step ``batch_idx``, and its draws."""

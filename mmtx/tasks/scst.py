@@ -137,7 +137,7 @@ class SelfCriticalTask(CaptionTask):
         logp = sample_log_probs(self.model.decoder, contexts, sampled, temperature=cfg.temperature, **ids)
         mask = until_eos(sampled, tok.eos_id)
         size = len(batch["images"])
-        self.log("train/reward", rewards.mean(), batch_size=size, prog_bar=True, sync_dist=True)
+        self.log("train/reward", rewards.mean(), batch_size=size, sync_dist=True)  # the progress bar reads it
         self.log("train/baseline", (rewards - advantage).mean(), batch_size=size, sync_dist=True)
         self.log("train/sample_tokens", mask.sum(1).float().mean(), batch_size=size, sync_dist=True)
         return self.summed_loss(-(advantage[:, None] * logp).sum(), mask.sum())

@@ -185,7 +185,8 @@ class VqaTask(AnswerTask):
 
     def loss(self, batch: dict[str, Any]) -> torch.Tensor:
         logits = self.model(batch["images"], batch["input_ids"], batch["attention_mask"], batch.get("image_index"))
-        targets = soft_targets(batch["answers"], self.answer_index).to(self.device)
+        # made on the host from the answers; sent without waiting, as Lightning sends the batch
+        targets = soft_targets(batch["answers"], self.answer_index).to(self.device, non_blocking=True)
         return self.model.loss(logits, targets)
 
     @torch.no_grad()
