@@ -160,6 +160,15 @@ class ModelBench:
     def train_step(self, precision: str) -> float:
         return timed(lambda: self._train_step(precision), self.cfg.device)
 
+    def train_step_peak_mb(self, precision: str) -> float:
+        """The device memory one training step peaks at (weights, gradients, the optimizer's
+        state, activations), from a step taken after the timed ones."""
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        self._train_step(precision)
+        torch.cuda.synchronize()
+        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
+
     def profile(self, steps: int, precision: str, top: int = 15) -> dict[str, Any]:
         """Device time of ``steps`` training steps by kind of kernel (see the module docstring)."""
         from torch.autograd import DeviceType
@@ -368,6 +377,11 @@ def measure_speed(workers: list[Worker], cfg: BenchConfig) -> dict[str, float]:
         for kind, seconds in interleaved(workers, cfg, "train_step", precision=precision).items():
             out[f"{prefix(kind)}train_step_ms{suffix}"] = round(seconds * 1e3, 1)
             out[f"{prefix(kind)}train_images_per_s{suffix}"] = round(cfg.batch / seconds, 1)
+        if cfg.device == "cuda":
+            for w in workers:
+                out[f"{prefix(w.kind)}train_step_peak_gpu_mem_mb{suffix}"] = w.call(
+                    "train_step_peak_mb", precision=precision
+                )
         log(f"image encoding, {precision}")
         encode = interleaved(workers, cfg, "encode", precision=precision)
         for kind, seconds in encode.items():
@@ -555,6 +569,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="torch.compile mmtx's model for the training step and its image encoder for generation",
     )
     run_.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        help="recompute mmtx's blocks' activations in the backward pass (activation_checkpointing=true)",
+    )
+    run_.add_argument(
         "--loss-curve",
         type=int,
         default=0,
@@ -633,6 +652,7 @@ def main(argv: list[str] | None = None) -> int:
         beams=args.beams,
         device=args.device,
         compile=args.compile,
+        activation_checkpointing=args.activation_checkpointing,
         precisions=args.precisions,
     )
     result = run(cfg, reference, args.loss_curve, args.peak_tflops, args.profile)

@@ -36,6 +36,7 @@ class BenchConfig:
     beams: int = 4
     device: str = "cpu"
     compile: bool = False
+    activation_checkpointing: bool = False  # mmtx's blocks recomputed in the backward pass
     precisions: tuple[str, ...] = ("fp32", "bf16")
     seed: int = 0
 
@@ -49,6 +50,7 @@ class BenchConfig:
 # Models
 # --------------------------------------------------------------------------------------------
 def build_mmtx(cfg: BenchConfig) -> torch.nn.Module:
+    from mmtx.activation_checkpointing import checkpoint_blocks
     from mmtx.models import CaptionDecoder, ImageCaptioner, VisionEncoder
 
     encoder = VisionEncoder(
@@ -70,7 +72,10 @@ def build_mmtx(cfg: BenchConfig) -> torch.nn.Module:
         tie_embeddings=True,
         pad_id=PAD_ID,
     )
-    return ImageCaptioner(encoder, decoder)
+    model = ImageCaptioner(encoder, decoder)
+    if cfg.activation_checkpointing:
+        checkpoint_blocks(model)
+    return model
 
 
 def build_reference(cfg: BenchConfig) -> torch.nn.Module:

@@ -8,8 +8,12 @@
 #      step alone at a larger batch, eager and compiled; the real training loop (mmtx-train) of the
 #      ViT-B/16 captioner on in-memory shapes and on a folder of 640x480 JPEGs, and of a ViT-B-size
 #      two-stream pretraining model, with images/s (Lightning's ThroughputMonitor) and the GPU's
-#      utilisation (nvidia-smi) over each run.
-# Usage: bash scripts/gpu_check.sh OUT_DIR [STAGE ...]   (stages: env correct bench loops compile)
+#      utilisation (nvidia-smi) over each run;
+#   3. the real loop against its step alone (scripts/bench_loop.py) for the captioner, two-stream
+#      pretraining and VQA at ViT-B size, 224 px, batch 128 (GPU_CHECK_BEFORE=DIR: the same, first,
+#      with the mmtx of another checkout, for a before/after in one run); the step's memory and time
+#      with and without activation checkpointing at batch 256 and 512.
+# Usage: bash scripts/gpu_check.sh OUT_DIR [STAGE ...]   (stages: env correct bench loops compile loopstep memory)
 # Each stage has a time limit; logs go to OUT_DIR/logs (packed as OUT_DIR/logs.tgz after every
 # stage), the benchmark's JSON lines to OUT_DIR/bench_*.json, a line per stage to OUT_DIR/summary.txt.
 # Run from the repository root with mmtx importable (pip install -e ., or PYTHONPATH=.). On an offline
@@ -20,7 +24,7 @@
 set -uo pipefail
 OUT=$(realpath -m "${1:?usage: gpu_check.sh OUT_DIR [STAGE ...]}")
 shift
-ALL="env correct bench loops compile"
+ALL="env correct bench loops compile loopstep memory"
 STAGES=${*:-$ALL}
 for stage in $STAGES; do
     [[ " $ALL " == *" $stage "* ]] || { echo "gpu_check.sh: no stage '$stage' (stages: $ALL)" >&2; exit 2; }
@@ -86,6 +90,7 @@ if wants correct; then
       run vqa_answer 60 "$PY" -m mmtx.cli.vqa ckpt="$R/vqa/checkpoints/last.ckpt" device=cuda \
           image="$(ls "$WORK"/data/shapes*vqa*/val/*.png 2>/dev/null | head -n 1)" "question='what colour is the circle?'" ) &
     ( run pytest_gpu 200 "$PY" -m pytest -q -p no:cacheprovider tests/test_presets.py -k gpu_presets ) &
+    ( run pytest_fsdp_tuning 200 "$PY" -m pytest -q -p no:cacheprovider tests/test_freezing.py -k fsdp ) &
     # the timed loops' JPEGs, made now (640x480)
     ( run coco_jpegs 150 "$PY" -c "import sys; sys.path.insert(0, 'scripts'); from pathlib import Path
 from bench_data import synthetic_coco; synthetic_coco(Path('$WORK/coco'), 1536)" ) &
@@ -143,6 +148,39 @@ if wants compile; then
     run bench_compiled 150 "$PY" scripts/bench.py "${BASE[@]}" --batch "$(grep -q '"batch": 512' "$OUT/bench_eager.json" 2>/dev/null && echo 512 || echo 256)" \
         --no-reference --precisions bf16 --compile
     grep '^{' "$LOGS/bench_compiled.log" >"$OUT/bench_compiled.json"
+    pack
+fi
+# the loop against its step alone: examples/s of each, GPU busy fraction, where the host waits
+VIT_B=(model.backbone.vision.patch_size=16 model.backbone.vision.stem=patch model.backbone.vision.dim=768
+       model.backbone.vision.depth=12 model.backbone.vision.num_heads=12 model.backbone.text.dim=768
+       model.backbone.text.depth=12 model.backbone.text.num_heads=12 model.backbone.joint_dim=768
+       model.backbone.co_layers=2)
+LOOP=(trainer=gpu logger=csv data.image_size=224 data.num_train=2048 data.num_val=64 data.batch_size=128)
+loopstep() {  # loopstep NAME ROOT OVERRIDES...: scripts/bench_loop.py with the mmtx found in ROOT
+    local name=$1 root=$2
+    shift 2
+    run "$name" 100 env PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" "$PY" "$root/scripts/bench_loop.py" \
+        --warmup 10 --steps 30 --profile 5 -- "${LOOP[@]}" "$@" &&
+        grep '^{' "$LOGS/$name.log" >>"$OUT/loopstep.json"
+    pack
+}
+if wants loopstep; then
+    for side in ${GPU_CHECK_BEFORE:+before} after; do
+        root=$([ "$side" = before ] && echo "$GPU_CHECK_BEFORE" || pwd)
+        [ "$side" = before ] && cp scripts/bench_loop.py "$root/scripts/"  # the same measurement of the earlier code
+        loopstep "loopstep_caption_$side" "$root" model=caption_base
+        loopstep "loopstep_pretrain_$side" "$root" experiment=pretrain_shapes "${VIT_B[@]}"
+        loopstep "loopstep_vqa_$side" "$root" experiment=vqa_shapes "${VIT_B[@]}"
+    done
+fi
+# memory and time of the ViT-B/16 captioner's step with and without activation checkpointing
+if wants memory; then
+    for batch in 256 512; do
+        for ac in "" --activation-checkpointing; do
+            run "memory_b${batch}${ac:+_ckpt}" 90 "$PY" scripts/bench.py "${BASE[@]}" --batch "$batch" --no-reference \
+                --precisions bf16 $ac && grep '^{' "$LOGS/memory_b${batch}${ac:+_ckpt}.log" >>"$OUT/memory.json"
+        done
+    done
     pack
 fi
 failures=$(cat "$OUT/.failed" 2>/dev/null | wc -l)

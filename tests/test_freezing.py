@@ -147,3 +147,36 @@ def test_compiled_blocks_train_and_validate_beside_frozen_ones(cli, tiny: list[s
     assert "torch.compile: 3 transformer blocks" in run.stdout + run.stderr
     assert "recompile_limit" not in run.stdout + run.stderr
     assert read_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")["global_step"] == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Lightning's FSDP runs on GPUs only")
+def test_fsdp_keeps_frozen_and_adapted_weights_as_loaded(tiny: list[str], tmp_path: Path) -> None:
+    """FSDP (one GPU, each block its own unit, activation checkpointing): a frozen encoder ends
+    bit-identical with no optimizer state; with LoRA only adapters move, and the run resumes."""
+    from tests.helpers import train_in_process
+
+    common = [*tiny, "trainer=fsdp", "trainer.devices=1", "trainer.strategy.activation_checkpointing=true",
+              "trainer.max_epochs=null", "trainer.limit_val_batches=0", "logger=none"]  # fmt: skip
+    last = "checkpoints/last.ckpt"
+    train_in_process([*common, "trainer.max_steps=2", f"paths.output_dir={tmp_path / 'first'}"])
+    first = read_checkpoint(tmp_path / "first" / last)
+    train_in_process([*common, "trainer.max_steps=3", f"init_from={tmp_path / 'first' / last}",
+                      "task.freeze.modules=[model.encoder]", f"paths.output_dir={tmp_path / 'frozen'}"])  # fmt: skip
+    frozen = read_checkpoint(tmp_path / "frozen" / last)
+    encoder = [k for k in first["state_dict"] if k.startswith("model.encoder.")]
+    assert encoder and all(torch.equal(first["state_dict"][k], frozen["state_dict"][k]) for k in encoder)
+    assert any(not torch.equal(first["state_dict"][k], frozen["state_dict"][k]) for k in first["state_dict"])
+    trainable = sum(1 for k in first["state_dict"] if not k.startswith("model.encoder."))
+    assert 0 < len(frozen["optimizer_states"][0]["state"]) <= trainable
+
+    adapted = [*common, "task.lora.rank=4", f"init_from={tmp_path / 'first' / last}",
+               f"paths.output_dir={tmp_path / 'lora'}"]  # fmt: skip
+    train_in_process([*adapted, "trainer.max_steps=2"])
+    before = read_checkpoint(tmp_path / "lora" / last)
+    train_in_process([*adapted, "trainer.max_steps=4", f"ckpt_path={tmp_path / 'lora' / last}"])
+    after = read_checkpoint(tmp_path / "lora" / last)
+    assert after["global_step"] == 4
+    a, b = before["state_dict"], after["state_dict"]
+    base = [k for k in a if ".base_layer." in k]
+    assert base and all(torch.equal(a[k], b[k]) for k in base)
+    assert any(".lora_B." in k and not torch.equal(a[k], b[k]) for k in a)

@@ -228,3 +228,25 @@ def test_bench_measures_only_the_precisions_asked_for():
     assert not any(key in r for key in ("train_step_ms", "greedy_tokens_per_s", "mfu_fp32", "greedy_step_floor_ms"))
     bad = subprocess.run([sys.executable, str(SCRIPT), "--precisions", "fp16"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--precisions" in bad.stderr
+
+
+def test_activation_checkpointing_recomputes_every_block_to_the_same_gradients(bench):
+    """--activation-checkpointing: mmtx's model computes the same loss and gradients, while its
+    blocks' activations are no longer kept for the backward pass."""
+    cfg = dict(image=32, patch=8, dim=32, heads=2, enc_layers=2, dec_layers=2, vocab=50, text_len=8)
+    models = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        models.append(bench.build_mmtx(bench.BenchConfig(**cfg, activation_checkpointing=checkpointing)).train())
+    images, ids = torch.randn(2, 3, 32, 32), torch.randint(3, 50, (2, 8))
+    saved = []
+    for model in models:
+        kept: list[int] = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t.numel()) or t, lambda t: t):
+            loss = bench.caption_loss(model(images, ids[:, :-1]), ids[:, 1:])
+        loss.backward()
+        saved.append(sum(kept))
+    plain, checkpointed = models
+    for (name, p), q in zip(plain.named_parameters(), checkpointed.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+    assert saved[1] < saved[0] / 2
