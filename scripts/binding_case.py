@@ -11,6 +11,15 @@ about the pair that needs no telling which shape is which.
 With ``--outer`` the two shapes stand side by side in the outer columns, so that A's column
 alone decides the relation too.
 
+Four steps toward the grid scenes' own data: ``--third`` adds a third shape in a free cell,
+named first ("a C and a A left of a B"); ``--phrased`` has the grid scenes' caption writer
+(`describe_grid_scene`: its templates, synonyms and third-shape clauses, a random related pair
+in either order) write five captions per training image, scored against their side-flipped
+twins; ``--plain-share P`` makes that share of the training captions state no relation
+("a A and a B"); ``--grid-captions`` trains on the grid generator's scenes and captions
+themselves (one to three shapes) and scores the relation probe's pairs
+(`scripts/relation_probe.py`).
+
 A captioner with the towers of ``conf/model/caption_small.yaml`` (``--pos-embed``,
 ``--encoder-depth``, ``--patch-size``, ``--attention`` and ``--decoder-depth`` change them; ``--token-shift K``
 adds to each word's embedding those of the K words before it; ``--read-where`` has each decoder
@@ -25,7 +34,7 @@ B's, beside the share each token would get from uniform attention::
 
     python scripts/binding_case.py --minutes 4 [--words relation] [--pos-embed learned]
 
-The captions use 21 words, so a fixed word vocabulary stands in for a learned tokenizer.
+The captions use few words, so a word vocabulary stands in for a learned tokenizer.
 """
 
 from __future__ import annotations
@@ -42,7 +51,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmtx.attention_maps import attention_weights
-from mmtx.data.synthetic.grid import ASPECTS, GRID, LONG_SIDES, GridScene, background, image_dims, place_shapes
+from mmtx.data.synthetic.grid import (
+    ASPECTS,
+    GRID,
+    LONG_SIDES,
+    GridScene,
+    background,
+    describe_grid_scene,
+    draw_grid_scene,
+    image_dims,
+    place_shapes,
+)
 from mmtx.data.synthetic.scenes import COLORS, KINDS, SIZES, render
 from mmtx.data.transforms import build_resize, normalize_images
 from mmtx.hardware import cpu_has_native_bf16
@@ -64,15 +83,20 @@ WORDS = (*RELATION_SHARE, "axis")  # --words: the axis captions claim nothing el
 CLAIMS = ("relation", "column", "axis")  # what a caption's claim word says
 DIM, HEADS = 128, 4  # conf/model/caption_small.yaml's width and heads, in both towers
 DIRECTION_AT = 5  # [BOS] a size colour kind <direction word>: the word's index in the ids
+THIRD_CLAUSE = 5  # "a size colour kind and": the words a third shape puts before the pair
+CAPTIONS_PER_IMAGE = 5  # --phrased: as the grid data sets write them
 
 
-def two_shape_scene(rng: random.Random, outer: bool = False) -> GridScene:
+def two_shape_scene(rng: random.Random, outer: bool = False, third: bool = False) -> GridScene:
     """Two shapes of distinct colours in one row or one column, as the grid scenes draw them;
-    `outer`: side by side in the two outer columns, so that A's column alone says its side."""
+    `outer`: side by side in the two outer columns, so that A's column alone says its side;
+    `third`: a third shape, of a third colour, in one of the other cells."""
     width, height = image_dims(rng.choice(LONG_SIDES), rng.choice(ASPECTS))
     line, (a, b) = rng.randrange(GRID), rng.sample((0, GRID - 1) if outer else range(GRID), 2)
     cells = [(line, a), (line, b)] if outer or rng.random() < 0.5 else [(a, line), (b, line)]
-    return place_shapes(rng, width, height, rng.sample(list(COLORS), 2), cells)
+    if third:
+        cells.append(rng.choice([(r, c) for r in range(GRID) for c in range(GRID) if (r, c) not in cells]))
+    return place_shapes(rng, width, height, rng.sample(list(COLORS), len(cells)), cells)
 
 
 @dataclass(frozen=True)
@@ -82,25 +106,42 @@ class Caption:
     text: str
     twin: str
     claim: str  # one of CLAIMS
+    at: int | None = DIRECTION_AT  # the claim word's index in the ids; None: it varies (--phrased)
 
 
 def caption(scene: GridScene, first: int, claim: str) -> Caption:
     """ "a A left of a B" (`claim` "relation"), "a A column0 of a B" ("column") or "a A row of
-    a B" ("axis"), A = shape `first`, with its twin: the opposite side, the next column or the
-    other axis."""
+    a B" ("axis"), A = shape `first` of the pair (shapes 0 and 1), with its twin: the opposite
+    side, the next column or the other axis. A third shape is named first ("a C and ...")."""
     a, b = scene.shapes[first], scene.shapes[1 - first]
+    third = "".join(f"a {c.size} {c.color} {c.kind} and " for c in scene.shapes[2:])
+    at = DIRECTION_AT + THIRD_CLAUSE * len(scene.shapes[2:])
 
     def say(word: str) -> str:
-        return f"a {a.size} {a.color} {a.kind} {word} of a {b.size} {b.color} {b.kind}"
+        return f"{third}a {a.size} {a.color} {a.kind} {word} of a {b.size} {b.color} {b.kind}"
 
     side = scene.relation(first, 1 - first)
     if claim == "relation":
-        return Caption(say(side), say(OPPOSITE[side]), claim)
+        return Caption(say(side), say(OPPOSITE[side]), claim, at)
     if claim == "axis":
         axis = AXES[side]
-        return Caption(say(axis), say("column" if axis == "row" else "row"), claim)
+        return Caption(say(axis), say("column" if axis == "row" else "row"), claim, at)
     column = scene.cells[first][1]
-    return Caption(say(COLUMNS[column]), say(COLUMNS[(column + 1) % GRID]), claim)
+    return Caption(say(COLUMNS[column]), say(COLUMNS[(column + 1) % GRID]), claim, at)
+
+
+def plain_caption(scene: GridScene) -> str:
+    """ "a A and a B": every shape named, no relation stated."""
+    return " and ".join(f"a {s.size} {s.color} {s.kind}" for s in scene.shapes)
+
+
+def phrased_captions(scene: GridScene, rng: random.Random) -> list[Caption]:
+    """The grid scenes' captions of `scene` (`describe_grid_scene`), each with its side-flipped
+    twin (`relation_probe.flipped`); those stating no single relation are left out."""
+    from relation_probe import flipped  # beside this script
+
+    pairs = [(text, flipped(text)) for text in describe_grid_scene(scene, rng, CAPTIONS_PER_IMAGE)]
+    return [Caption(text, twin, "relation", None) for text, twin in pairs if twin is not None]
 
 
 def draw_claim(rng: random.Random, words: str) -> str:
@@ -121,17 +162,37 @@ def centre_token(scene: GridScene, shape: int, grid: int) -> int:
     return 1 + min(int(y * grid / scene.height), grid - 1) * grid + min(int(x * grid / scene.width), grid - 1)
 
 
-def encode(texts: list[str]) -> Tensor:
-    """[BOS] ids [EOS] of equally long captions (B, T)."""
-    return torch.tensor([[BOS, *(WORD_ID[w] for w in t.split()), EOS] for t in texts])
+def encode(texts: list[str], word_id: dict[str, int] = WORD_ID) -> Tensor:
+    """[BOS] ids [EOS] of each caption, padded to the longest (B, T)."""
+    rows = [[BOS, *(word_id[w] for w in t.split()), EOS] for t in texts]
+    width = max(map(len, rows))
+    return torch.tensor([row + [PAD] * (width - len(row)) for row in rows])
 
 
-def draw(count: int, seed: int, image_size: int, outer: bool = False) -> tuple[Tensor, list[GridScene]]:
+def vocabulary(texts: list[str]) -> dict[str, int]:
+    """The word ids of `VOCAB` and then of every other word of `texts`, in order of appearance."""
+    words = list(VOCAB) + [w for t in texts for w in t.split()]
+    return {w: k for k, w in enumerate(dict.fromkeys(words))}
+
+
+def draw(
+    count: int, seed: int, image_size: int, outer: bool = False, third: bool = False
+) -> tuple[Tensor, list[GridScene]]:
     """`count` scenes and their images, squashed to uint8 (count, 3, S, S) as the data module does."""
     rng, resize = random.Random(seed), build_resize(image_size)
-    scenes = [two_shape_scene(rng, outer) for _ in range(count)]
+    scenes = [two_shape_scene(rng, outer, third) for _ in range(count)]
     images = [resize(render(background(rng, s.width, s.height), s.shapes)) for s in scenes]
     return torch.stack(images), scenes
+
+
+def draw_grid(count: int, seed: int, image_size: int) -> tuple[Tensor, list[list[str]]]:
+    """`count` of the grid generator's own images (uint8, squashed) and their captions."""
+    resize, images, captions = build_resize(image_size), [], []
+    for index in range(count):
+        image, texts, _ = draw_grid_scene(random.Random(f"binding-case-grid/{seed}/{index}"))
+        images.append(resize(image))
+        captions.append(texts)
+    return torch.stack(images), captions
 
 
 class ShiftedEmbedding(torch.nn.Module):
@@ -194,6 +255,8 @@ def build_captioner(
     patch_size: int = 8,
     attention: str = "full",
     read_where: bool = False,
+    vocab_size: int = len(VOCAB),
+    max_length: int = 16,
 ) -> ImageCaptioner:
     """conf/model/caption_small.yaml's towers over this script's vocabulary."""
     encoder = VisionEncoder(
@@ -207,7 +270,9 @@ def build_captioner(
         stem_norm="group",
         attention=attention,
     )
-    decoder = CaptionDecoder(len(VOCAB), DIM, dim=DIM, depth=decoder_depth, num_heads=HEADS, max_length=16, pad_id=PAD)
+    decoder = CaptionDecoder(
+        vocab_size, DIM, dim=DIM, depth=decoder_depth, num_heads=HEADS, max_length=max_length, pad_id=PAD
+    )
     if token_shift:
         decoder.body.token_embed = ShiftedEmbedding(decoder.body.token_embed, token_shift)
     if read_where:
@@ -218,40 +283,49 @@ def build_captioner(
 
 @torch.no_grad()
 def evaluate(
-    model: ImageCaptioner, images: Tensor, captions: list[Caption], autocast, centres: Tensor | None = None
+    model: ImageCaptioner,
+    pixels: Tensor,
+    captions: list[Caption],
+    autocast,
+    centres: Tensor | None = None,
+    word_id: dict[str, int] = WORD_ID,
 ) -> dict[str, float | None]:
-    """The probe's figures on held-out `images` (uint8) and their `captions`; with `centres`
-    (B, 2), the image tokens at A's and B's centres, also where the claim word was read from."""
+    """The probe's figures on held-out normalised `pixels` and their `captions`; with `centres`
+    (B, 2), the image tokens at A's and B's centres, also where the claim word was read from.
+    The claim word's figures need its place in every caption (`Caption.at`)."""
     model.eval()
-    pixels = normalize_images(images)
 
-    def log_probs(texts: list[str]) -> Tensor:  # (B, T - 1) log-probability of each next word
-        ids = encode(texts)
+    def log_probs(texts: list[str]) -> Tensor:  # (B, T - 1) log-probability of each next word, 0 on padding
+        ids = encode(texts, word_id)
         with autocast():
             logits = model(pixels, ids[:, :-1]).float()
-        return F.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
+        return F.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0] * (ids[:, 1:] != PAD)
 
     texts = [c.text for c in captions]
+    at = None if any(c.at is None for c in captions) else torch.tensor([c.at for c in captions])
     passes: list[Tensor] = []  # the true captions' log-probabilities
     weights = None
-    if centres is None:
+    if centres is None or at is None:
         passes.append(log_probs(texts))
     else:  # the true captions' pass, its last cross-attention's weights recorded on the way
         blocks = [model.decoder.body.blocks[-1].cross_attn]
         weights = attention_weights(blocks, lambda: passes.append(log_probs(texts)))  # (B, 1, H, T, S)
     true, twin = passes[0], log_probs([c.twin for c in captions])
     won = true.sum(1) > twin.sum(1)
-    word = true[:, DIRECTION_AT - 1].exp()  # the claim word's probability
     claim = {k: torch.tensor([c.claim == k for c in captions]) for k in CLAIMS}
+    word = torch.zeros(0) if at is None else true.gather(1, at[:, None] - 1)[:, 0].exp()  # the claim word's probability
     figures: dict[str, float | None] = {}
     if weights is not None:
-        read = weights[:, 0, :, DIRECTION_AT - 1].float().mean(1)  # (B, S): the claim word's query
+        queries = weights[:, 0].float().mean(1)  # (B, T, S), heads averaged
+        read = queries[torch.arange(len(captions)), at - 1]  # (B, S): the claim word's query
         figures = {
             "attention_on_a": mean(read.gather(1, centres[:, :1])),
             "attention_on_b": mean(read.gather(1, centres[:, 1:])),
             "attention_uniform": round(1 / read.shape[1], 3),
         }
     model.train()
+    if at is None:
+        return {"relation_true_preferred": mean(won[claim["relation"]]), **figures}
     return {
         "relation_true_preferred": mean(won[claim["relation"]]),
         "p_direction_word": mean(word[claim["relation"]]),
@@ -281,6 +355,10 @@ def main() -> None:
     p.add_argument("--outer", action="store_true", help="side by side in the outer columns only")
     p.add_argument("--token-shift", type=int, default=0, help="add the embeddings of this many tokens before")
     p.add_argument("--read-where", action="store_true", help="decoder heads also return where they read")
+    p.add_argument("--third", action="store_true", help="a third shape in a free cell, named first")
+    p.add_argument("--phrased", action="store_true", help="captions written as the grid scenes write them")
+    p.add_argument("--plain-share", type=float, default=0.0, help="share of training captions stating no relation")
+    p.add_argument("--grid-captions", action="store_true", help="the grid generator's scenes and captions")
     p.add_argument("--images", type=int, default=12000, help="training images")
     p.add_argument("--every", type=int, default=500, help="steps between evaluations")
     p.add_argument("--seed", type=int, default=0)
@@ -289,17 +367,52 @@ def main() -> None:
         p.error("--images, --every and --decoder-depth must be at least 1, --encoder-depth at least 0")
     if 64 % args.patch_size:
         p.error("--patch-size must divide the 64-px images")
+    if not 0 <= args.plain_share < 1:
+        p.error("--plain-share must be in [0, 1)")
+    if args.grid_captions and (
+        args.third or args.outer or args.plain_share or args.words != "relation" or args.first_steps
+    ):
+        p.error(
+            "--grid-captions draws the grid scenes and captions: no --third, --outer, --plain-share, --words "
+            "or --first-steps"
+        )
+    if args.phrased and (args.words != "relation" or args.first_steps):
+        p.error("--phrased writes relation captions: no --words or --first-steps")
 
     torch.manual_seed(args.seed)
     image_size, batch_size, lr, warmup = 64, 32, 1e-3, 200
-    train_images, train_scenes = draw(args.images, 1000 + args.seed, image_size, args.outer)
-    val_images, val_scenes = draw(600, 99, image_size, args.outer)
-    val_rng = random.Random(5)
-    val_captions, val_centres = [], []
-    for scene in val_scenes:
-        first = val_rng.randrange(2)
-        val_captions.append(caption(scene, first, draw_claim(val_rng, args.words)))
-        val_centres.append([centre_token(scene, k, image_size // args.patch_size) for k in (first, 1 - first)])
+    grid = image_size // args.patch_size
+    pools: list[list[str]] | None = None  # per training image, the captions it is trained on (else drawn per step)
+    val_centres: list[list[int]] | None = []
+    if args.grid_captions:
+        from relation_probe import relation_pairs  # beside this script
+
+        train_images, pools = draw_grid(args.images, 1000 + args.seed, image_size)
+        train_scenes: list[GridScene] = []
+        probe = relation_pairs(300, image_size)
+        val_pixels = torch.stack([pixels for pixels, *_ in probe])
+        val_captions = [Caption(text, twin, "relation", None) for _, text, twin, _ in probe]
+        val_centres = None
+    else:
+        train_images, train_scenes = draw(args.images, 1000 + args.seed, image_size, args.outer, args.third)
+        val_images, val_scenes = draw(600, 99, image_size, args.outer, args.third)
+        val_pixels = normalize_images(val_images)
+        val_rng = random.Random(5)
+        val_captions = []
+        for scene in val_scenes:
+            first = val_rng.randrange(2)
+            if args.phrased:
+                val_captions.append(val_rng.choice(phrased_captions(scene, val_rng)))
+            else:
+                val_captions.append(caption(scene, first, draw_claim(val_rng, args.words)))
+            val_centres.append([centre_token(scene, k, grid) for k in (first, 1 - first)])
+        if args.phrased:
+            caption_rng = random.Random(2000 + args.seed)
+            pools = [[c.text for c in phrased_captions(scene, caption_rng)] for scene in train_scenes]
+    texts_seen = [t for pool in pools or [] for t in pool] + [t for c in val_captions for t in (c.text, c.twin)]
+    word_id = vocabulary(texts_seen) if pools is not None else WORD_ID
+    longest = max(len(t.split()) for t in texts_seen or [c.text for c in val_captions])
+    fixed_form = pools is None and not args.third  # the captions this script wrote before the steps to the grid
 
     model = build_captioner(
         args.pos_embed,
@@ -310,6 +423,8 @@ def main() -> None:
         args.patch_size,
         args.attention,
         args.read_where,
+        len(word_id),
+        16 if fixed_form else max(16, longest + 4),
     )
     optimizer = torch.optim.AdamW(param_groups(model, 0.05), lr=lr, betas=(0.9, 0.98))
     bf16 = cpu_has_native_bf16()
@@ -317,17 +432,25 @@ def main() -> None:
     rng, step, start = random.Random(args.seed), 0, time.perf_counter()
 
     def report(**extra) -> None:
-        figures = evaluate(model, val_images, val_captions, autocast, torch.tensor(val_centres))
+        centres = None if val_centres is None else torch.tensor(val_centres)
+        figures = evaluate(model, val_pixels, val_captions, autocast, centres, word_id)
         print(json.dumps({"step": step, "seconds": round(time.perf_counter() - start), **extra, **figures}), flush=True)
 
     while (step < args.steps) if args.steps is not None else (time.perf_counter() - start < 60 * args.minutes):
         index = [rng.randrange(args.images) for _ in range(batch_size)]
         words = words_at(step, args.first_steps, args.first_words, args.words)
-        texts = [caption(train_scenes[k], rng.randrange(2), draw_claim(rng, words)).text for k in index]
+        texts = [
+            plain_caption(train_scenes[k])
+            if args.plain_share and rng.random() < args.plain_share
+            else rng.choice(pools[k])
+            if pools is not None
+            else caption(train_scenes[k], rng.randrange(2), draw_claim(rng, words)).text
+            for k in index
+        ]
         for group in optimizer.param_groups:
             group["lr"] = lr * min(1.0, (step + 1) / warmup)
         with autocast():
-            loss = model.loss(normalize_images(train_images[index]), encode(texts), PAD)
+            loss = model.loss(normalize_images(train_images[index]), encode(texts, word_id), PAD)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -82,6 +82,34 @@ def test_captions_state_the_truth_and_twins_the_opposite() -> None:
         assert ids.shape[0] == 3 and (ids[:, 0] == case.BOS).all() and (ids[:, -1] == case.EOS).all()
 
 
+def test_steps_toward_the_grid_keep_the_claims_true() -> None:
+    """A third shape in its own cell, named first; the grid scenes' own phrasing and its flipped
+    twins; captions with no relation: the package's scorer agrees with what each says."""
+    case = _script()
+    sys.path.insert(0, str(ROOT / "scripts"))  # relation_probe, beside the script
+    try:
+        rng = random.Random(4)
+        for _ in range(60):
+            scene = case.two_shape_scene(rng, third=True)
+            assert len(set(scene.cells)) == 3 and len({s.color for s in scene.shapes}) == 3
+            c = case.caption(scene, rng.randrange(2), "relation")
+            assert c.text.startswith(f"a {scene.shapes[2].size} {scene.shapes[2].color} {scene.shapes[2].kind} and ")
+            assert c.text.split()[c.at - 1] in case.DIRECTIONS and c.at == case.DIRECTION_AT + case.THIRD_CLAUSE
+            assert relation_judgements(c.text, scene) == [True] and relation_judgements(c.twin, scene) == [False]
+            assert relation_judgements(case.plain_caption(scene), scene) == []
+            phrased = case.phrased_captions(scene, rng)
+            assert phrased and all(p.at is None and p.text != p.twin for p in phrased)
+            for p in phrased:
+                assert relation_judgements(p.text, scene) == [True] and relation_judgements(p.twin, scene) == [False]
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    words = case.vocabulary(["we see a tiny red ball", "a big blue box"])
+    assert list(words)[: len(case.VOCAB)] == list(case.VOCAB) and {"we", "see", "ball", "box"} <= set(words)
+    shape = f"a {next(iter(case.SIZES))} {next(iter(case.COLORS))} {next(iter(case.KINDS))}"
+    ids = case.encode([shape, f"{shape} left of {shape}"])
+    assert ids.shape == (2, 12) and (ids[0, 6:] == case.PAD).all() and ids[0, 5] == case.EOS
+
+
 def test_probe_prefers_what_the_model_finds_likelier() -> None:
     case = _script()
     images, scenes = case.draw(8, seed=0, image_size=32)
@@ -97,7 +125,8 @@ def test_probe_prefers_what_the_model_finds_likelier() -> None:
             truth = torch.stack([next(t for t in true_ids if t[:-1][keep[:-1]].equal(row[keep[:-1]])) for row in ids])
             return torch.zeros(*ids.shape, len(case.VOCAB)).scatter(-1, truth[:, 1:, None], 20.0)
 
-    figures = case.evaluate(Oracle(), images, captions, lambda: torch.autocast("cpu", enabled=False))
+    pixels = case.normalize_images(images)
+    figures = case.evaluate(Oracle(), pixels, captions, lambda: torch.autocast("cpu", enabled=False))
     assert figures["relation_true_preferred"] == 1.0 and figures["p_direction_word"] > 0.99
     assert figures["p_column_word"] is None and figures["p_axis_word"] is None
 
@@ -142,6 +171,20 @@ def test_where_heads_return_the_mean_place_they_read() -> None:
     model = case.build_captioner("sinusoidal", 2, 32, read_where=True)
     assert all(isinstance(block.cross_attn, case.WhereCrossAttention) for block in model.decoder.body.blocks)
     assert model.decoder.body.blocks[0].cross_attn.coords.shape == (1 + 4 * 4, 3)
+
+
+@pytest.mark.parametrize(
+    "options", [["--third", "--phrased", "--plain-share", "0.5"], ["--grid-captions"]], ids=["phrased", "grid"]
+)
+def test_runs_toward_the_grid_score_the_relations_only(options: list[str]) -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "binding_case.py"), "--steps", "2", "--every", "2", "--images", "12",
+         *options],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+    )  # fmt: skip
+    last = json.loads(out.stdout.splitlines()[-1])
+    assert last["final"] is True and 0.0 <= last["relation_true_preferred"] <= 1.0
+    assert "p_direction_word" not in last and "attention_on_a" not in last  # the claim word's place varies
 
 
 @pytest.mark.parametrize("where", [[], ["--read-where"]])
