@@ -410,7 +410,8 @@ def main() -> None:
             caption_rng = random.Random(2000 + args.seed)
             pools = [[c.text for c in phrased_captions(scene, caption_rng)] for scene in train_scenes]
     texts_seen = [t for pool in pools or [] for t in pool] + [t for c in val_captions for t in (c.text, c.twin)]
-    word_id = vocabulary(texts_seen) if pools is not None else WORD_ID
+    # the words beyond VOCAB: the grid's phrasing, and "and" (a third shape, plain captions)
+    word_id = vocabulary(texts_seen + (["and"] if args.third or args.plain_share else []))
     longest = max(len(t.split()) for t in texts_seen or [c.text for c in val_captions])
     fixed_form = pools is None and not args.third  # the captions this script wrote before the steps to the grid
 

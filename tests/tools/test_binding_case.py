@@ -174,9 +174,16 @@ def test_where_heads_return_the_mean_place_they_read() -> None:
 
 
 @pytest.mark.parametrize(
-    "options", [["--third", "--phrased", "--plain-share", "0.5"], ["--grid-captions"]], ids=["phrased", "grid"]
+    ("options", "claim_word_placed"),
+    [
+        (["--third", "--plain-share", "0.5"], True),
+        (["--third", "--phrased", "--plain-share", "0.5"], False),
+        (["--grid-captions"], False),
+    ],
+    ids=["third", "phrased", "grid"],
 )
-def test_runs_toward_the_grid_score_the_relations_only(options: list[str]) -> None:
+def test_runs_toward_the_grid_score_the_relations(options: list[str], claim_word_placed: bool) -> None:
+    """Each run scores its relation captions; the claim word's own figures need it in one place."""
     out = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "binding_case.py"), "--steps", "2", "--every", "2", "--images", "12",
          *options],
@@ -184,7 +191,7 @@ def test_runs_toward_the_grid_score_the_relations_only(options: list[str]) -> No
     )  # fmt: skip
     last = json.loads(out.stdout.splitlines()[-1])
     assert last["final"] is True and 0.0 <= last["relation_true_preferred"] <= 1.0
-    assert "p_direction_word" not in last and "attention_on_a" not in last  # the claim word's place varies
+    assert ("p_direction_word" in last) == ("attention_on_a" in last) == claim_word_placed
 
 
 @pytest.mark.parametrize("where", [[], ["--read-where"]])
