@@ -412,7 +412,7 @@ def main() -> None:
     texts_seen = [t for pool in pools or [] for t in pool] + [t for c in val_captions for t in (c.text, c.twin)]
     # the words beyond VOCAB: the grid's phrasing, and "and" (a third shape, plain captions)
     word_id = vocabulary(texts_seen + (["and"] if args.third or args.plain_share else []))
-    longest = max(len(t.split()) for t in texts_seen or [c.text for c in val_captions])
+    longest = max(len(t.split()) for t in texts_seen)
     fixed_form = pools is None and not args.third  # the captions this script wrote before the steps to the grid
 
     model = build_captioner(
