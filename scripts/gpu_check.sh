@@ -101,6 +101,11 @@ from bench_data import synthetic_coco; synthetic_coco(Path('$WORK/coco'), 1536)"
     pack
 fi
 
+# a two-stream model with both streams ViT-B/16 size (the timed loops)
+VIT_B=(model.backbone.vision.patch_size=16 model.backbone.vision.stem=patch model.backbone.vision.dim=768
+       model.backbone.vision.depth=12 model.backbone.vision.num_heads=12 model.backbone.text.dim=768
+       model.backbone.text.depth=12 model.backbone.text.num_heads=12 model.backbone.joint_dim=768
+       model.backbone.co_layers=2)
 BASE=(--image 224 --patch 16 --dim 768 --heads 12 --enc-layers 12 --dec-layers 12 --vocab 30522 --text-len 32
       --gen-batch 64 --new-tokens 32 --beams 4 --device cuda)
 if wants bench; then
@@ -139,10 +144,7 @@ if wants loops; then
         data.train.images="$WORK/coco/images" data.val.annotations="$WORK/coco/captions.json" \
         data.val.images="$WORK/coco/images" data.batch_size=128 data.num_workers=12
     loop loop_pretrain224 90 experiment=pretrain_shapes data.image_size=224 data.num_train=2048 \
-        data.num_val=64 data.batch_size=128 model.backbone.vision.patch_size=16 model.backbone.vision.stem=patch \
-        model.backbone.vision.dim=768 model.backbone.vision.depth=12 model.backbone.vision.num_heads=12 \
-        model.backbone.text.dim=768 model.backbone.text.depth=12 model.backbone.text.num_heads=12 \
-        model.backbone.joint_dim=768 model.backbone.co_layers=2
+        data.num_val=64 data.batch_size=128 "${VIT_B[@]}"
 fi
 if wants compile; then
     run bench_compiled 150 "$PY" scripts/bench.py "${BASE[@]}" --batch "$(grep -q '"batch": 512' "$OUT/bench_eager.json" 2>/dev/null && echo 512 || echo 256)" \
@@ -151,10 +153,6 @@ if wants compile; then
     pack
 fi
 # the loop against its step alone: examples/s of each, GPU busy fraction, where the host waits
-VIT_B=(model.backbone.vision.patch_size=16 model.backbone.vision.stem=patch model.backbone.vision.dim=768
-       model.backbone.vision.depth=12 model.backbone.vision.num_heads=12 model.backbone.text.dim=768
-       model.backbone.text.depth=12 model.backbone.text.num_heads=12 model.backbone.joint_dim=768
-       model.backbone.co_layers=2)
 LOOP=(trainer=gpu logger=csv data.image_size=224 data.num_train=2048 data.num_val=64 data.batch_size=128)
 loopstep() {  # loopstep NAME ROOT OVERRIDES...: scripts/bench_loop.py with the mmtx found in ROOT
     local name=$1 root=$2
