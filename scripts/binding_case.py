@@ -85,6 +85,7 @@ DIM, HEADS = 128, 4  # conf/model/caption_small.yaml's width and heads, in both 
 DIRECTION_AT = 5  # [BOS] a size colour kind <direction word>: the word's index in the ids
 THIRD_CLAUSE = 5  # "a size colour kind and": the words a third shape puts before the pair
 CAPTIONS_PER_IMAGE = 5  # --phrased: as the grid data sets write them
+RELATION_WORDS = {"left", "right", "above", "over", "below", "under", "beneath"}  # --claim-weight's words
 
 
 def two_shape_scene(rng: random.Random, outer: bool = False, third: bool = False) -> GridScene:
@@ -142,6 +143,12 @@ def phrased_captions(scene: GridScene, rng: random.Random) -> list[Caption]:
 
     pairs = [(text, flipped(text)) for text in describe_grid_scene(scene, rng, CAPTIONS_PER_IMAGE)]
     return [Caption(text, twin, "relation", None) for text, twin in pairs if twin is not None]
+
+
+def mirror_caption(text: str) -> str:
+    """The caption of the mirror image: "left" and "right" swapped."""
+    swap = {"left": "right", "right": "left"}
+    return " ".join(swap.get(word, word) for word in text.split())
 
 
 def draw_claim(rng: random.Random, words: str) -> str:
@@ -358,17 +365,30 @@ def main() -> None:
     p.add_argument("--third", action="store_true", help="a third shape in a free cell, named first")
     p.add_argument("--phrased", action="store_true", help="captions written as the grid scenes write them")
     p.add_argument("--plain-share", type=float, default=0.0, help="share of training captions stating no relation")
+    p.add_argument("--plain-from", type=int, default=0, help="the --plain-share captions from this step on")
     p.add_argument("--grid-captions", action="store_true", help="the grid generator's scenes and captions")
+    p.add_argument("--claim-weight", type=float, default=1.0, help="loss weight of the relation words")
+    p.add_argument(
+        "--mirrored", action="store_true", help="half of each batch: the other half mirrored, left and right swapped"
+    )
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW's rate after a 200-step warm-up")
     p.add_argument("--images", type=int, default=12000, help="training images")
     p.add_argument("--every", type=int, default=500, help="steps between evaluations")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-    if min(args.images, args.every, args.decoder_depth, args.encoder_depth + 1) < 1:
-        p.error("--images, --every and --decoder-depth must be at least 1, --encoder-depth at least 0")
+    if min(args.images, args.every, args.decoder_depth, args.batch_size, args.encoder_depth + 1) < 1:
+        p.error("--images, --every, --batch-size and --decoder-depth must be at least 1, --encoder-depth at least 0")
+    if args.lr <= 0:
+        p.error("--lr must be positive")
     if 64 % args.patch_size:
         p.error("--patch-size must divide the 64-px images")
+    if args.claim_weight <= 0:
+        p.error("--claim-weight must be positive")
     if not 0 <= args.plain_share < 1:
         p.error("--plain-share must be in [0, 1)")
+    if args.plain_from < 0 or (args.plain_from and not args.plain_share):
+        p.error("--plain-from must be at least 0, and needs --plain-share")
     if args.grid_captions and (
         args.third or args.outer or args.plain_share or args.words != "relation" or args.first_steps
     ):
@@ -376,11 +396,13 @@ def main() -> None:
             "--grid-captions draws the grid scenes and captions: no --third, --outer, --plain-share, --words "
             "or --first-steps"
         )
+    if args.mirrored and (args.words != "relation" or args.first_steps or args.batch_size % 2):
+        p.error("--mirrored swaps the relation words of an even batch: no --words or --first-steps")
     if args.phrased and (args.words != "relation" or args.first_steps):
         p.error("--phrased writes relation captions: no --words or --first-steps")
 
     torch.manual_seed(args.seed)
-    image_size, batch_size, lr, warmup = 64, 32, 1e-3, 200
+    image_size, batch_size, lr, warmup = 64, args.batch_size, args.lr, 200
     grid = image_size // args.patch_size
     pools: list[list[str]] | None = None  # per training image, the captions it is trained on (else drawn per step)
     val_centres: list[list[int]] | None = []
@@ -428,6 +450,10 @@ def main() -> None:
         16 if fixed_form else max(16, longest + 4),
     )
     optimizer = torch.optim.AdamW(param_groups(model, 0.05), lr=lr, betas=(0.9, 0.98))
+    word_weights = None  # the loss's weight of each next word: all 1
+    if args.claim_weight != 1:
+        word_weights = torch.ones(len(word_id))
+        word_weights[[k for w, k in word_id.items() if w in RELATION_WORDS]] = args.claim_weight
     bf16 = cpu_has_native_bf16()
     autocast = (lambda: torch.autocast("cpu", torch.bfloat16)) if bf16 else contextlib.nullcontext
     rng, step, start = random.Random(args.seed), 0, time.perf_counter()
@@ -438,11 +464,11 @@ def main() -> None:
         print(json.dumps({"step": step, "seconds": round(time.perf_counter() - start), **extra, **figures}), flush=True)
 
     while (step < args.steps) if args.steps is not None else (time.perf_counter() - start < 60 * args.minutes):
-        index = [rng.randrange(args.images) for _ in range(batch_size)]
+        index = [rng.randrange(args.images) for _ in range(batch_size // 2 if args.mirrored else batch_size)]
         words = words_at(step, args.first_steps, args.first_words, args.words)
         texts = [
             plain_caption(train_scenes[k])
-            if args.plain_share and rng.random() < args.plain_share
+            if args.plain_share and step >= args.plain_from and rng.random() < args.plain_share
             else rng.choice(pools[k])
             if pools is not None
             else caption(train_scenes[k], rng.randrange(2), draw_claim(rng, words)).text
@@ -450,8 +476,11 @@ def main() -> None:
         ]
         for group in optimizer.param_groups:
             group["lr"] = lr * min(1.0, (step + 1) / warmup)
+        images = train_images[index]
+        if args.mirrored:  # each image beside its mirror image, whose captions say right for left
+            images, texts = torch.cat([images, images.flip(-1)]), texts + [mirror_caption(t) for t in texts]
         with autocast():
-            loss = model.loss(normalize_images(train_images[index]), encode(texts, word_id), PAD)
+            loss = model.loss(normalize_images(images), encode(texts, word_id), PAD, weight=word_weights)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -81,6 +81,21 @@ def test_caption_loss_ignores_padding():
     torch.testing.assert_close(model.loss(images, ids, pad_id=0), want)
 
 
+def test_weighted_caption_loss_is_the_mean_over_the_targets_weights():
+    model = tiny_captioner()
+    images = torch.randn(2, 3, 32, 32)
+    ids = torch.tensor([[1, 5, 6, 7, 2, 0], [1, 8, 6, 2, 0, 0]])
+    weight = torch.ones(40)
+    weight[6] = 4.0  # a word both captions hold
+    logits = model(images, ids[:, :-1])
+    targets = ids[:, 1:]
+    token_losses = -logits.log_softmax(-1).gather(2, targets[..., None])[..., 0]
+    w = weight[targets] * (targets != 0)
+    want = (token_losses * w).sum() / w.sum()
+    torch.testing.assert_close(model.loss(images, ids, pad_id=0, weight=weight), want)
+    assert not torch.allclose(want, model.loss(images, ids, pad_id=0))
+
+
 def test_training_lowers_the_loss():
     model = tiny_captioner(spread=0.02).train()
     images = torch.randn(4, 3, 32, 32)

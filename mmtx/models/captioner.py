@@ -34,12 +34,21 @@ class ImageCaptioner(nn.Module):
         """Teacher-forced logits (B, T, vocab) for ``input_ids`` (B, T) given the images."""
         return self.decoder(input_ids, self.encode(images))
 
-    def loss(self, images: Tensor, input_ids: Tensor, pad_id: int, label_smoothing: float = 0.0) -> Tensor:
-        """Next-token cross-entropy over the caption ``[BOS] w1 .. wn [EOS] [PAD]..``; pads ignored."""
+    def loss(
+        self,
+        images: Tensor,
+        input_ids: Tensor,
+        pad_id: int,
+        label_smoothing: float = 0.0,
+        weight: Tensor | None = None,
+    ) -> Tensor:
+        """Next-token cross-entropy over the caption ``[BOS] w1 .. wn [EOS] [PAD]..``; pads ignored.
+        ``weight`` (vocab,): each target token's weight, the mean then taken over those weights."""
         logits = self(images, input_ids[:, :-1])
         return F.cross_entropy(
             logits.flatten(0, 1).float(),
             input_ids[:, 1:].flatten(),
+            weight=weight,
             ignore_index=pad_id,
             label_smoothing=label_smoothing,
         )

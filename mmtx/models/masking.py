@@ -34,7 +34,7 @@ def mask_tokens(
     inputs = torch.where(picked & (how < 0.8), mask_id, input_ids)
     # the k-th id that is not special, for a k drawn below the number of such ids (no table of
     # them: building one on the device would take its length to the host)
-    skipped = sorted(set(special_ids or []) & set(range(vocab_size)))
+    skipped = sorted({s for s in special_ids or [] if 0 <= s < vocab_size})
     random_tokens = draws.randint(vocab_size - len(skipped), *input_ids.shape, device=device)
     for special in skipped:  # ascending: each special id at or below the token shifts it up one
         random_tokens = random_tokens + (random_tokens >= special)

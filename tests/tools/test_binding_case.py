@@ -3,6 +3,7 @@ they claim, the probe scores the truth against the twin, and a short run prints 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import random
@@ -80,6 +81,30 @@ def test_captions_state_the_truth_and_twins_the_opposite() -> None:
         assert axis.text.replace(" row ", " column ") == axis.twin.replace(" row ", " column ")
         ids = case.encode([c.text, column.text, axis.text])
         assert ids.shape[0] == 3 and (ids[:, 0] == case.BOS).all() and (ids[:, -1] == case.EOS).all()
+
+
+def test_a_mirrored_scene_is_described_by_the_mirrored_caption() -> None:
+    """Mirroring the image left to right and swapping "left" and "right" keeps a caption true;
+    above and below stay."""
+    case = _script()
+    rng = random.Random(2)
+    sys.path.insert(0, str(ROOT / "scripts"))  # relation_probe, beside the script
+    try:
+        for _ in range(60):
+            scene = case.two_shape_scene(rng, third=True)
+            shapes = tuple(
+                dataclasses.replace(s, center=(scene.width - s.center[0], s.center[1])) for s in scene.shapes
+            )
+            cells = tuple((row, case.GRID - 1 - col) for row, col in scene.cells)
+            mirrored = dataclasses.replace(scene, shapes=shapes, cells=cells)
+            for c in [case.caption(scene, rng.randrange(2), "relation"), *case.phrased_captions(scene, rng)]:
+                assert relation_judgements(case.mirror_caption(c.text), mirrored) == [True]
+                assert case.mirror_caption(case.mirror_caption(c.text)) == c.text
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    assert (
+        case.mirror_caption("a red box to the left of a ball above it") == "a red box to the right of a ball above it"
+    )
 
 
 def test_steps_toward_the_grid_keep_the_claims_true() -> None:
@@ -192,6 +217,27 @@ def test_runs_toward_the_grid_score_the_relations(options: list[str], claim_word
     last = json.loads(out.stdout.splitlines()[-1])
     assert last["final"] is True and 0.0 <= last["relation_true_preferred"] <= 1.0
     assert ("p_direction_word" in last) == ("attention_on_a" in last) == claim_word_placed
+
+
+def test_batch_rate_weight_and_mirror_options_reach_the_run() -> None:
+    script = [sys.executable, str(ROOT / "scripts" / "binding_case.py"), "--steps", "2", "--every", "2"]
+    options = ["--images", "12", "--batch-size", "6", "--lr", "5e-4", "--claim-weight", "3", "--mirrored"]
+    out = subprocess.run(
+        [*script, *options, "--plain-share", "0.5", "--plain-from", "1"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    last = json.loads(out.stdout.splitlines()[-1])
+    assert (last["batch_size"], last["lr"], last["claim_weight"], last["mirrored"]) == (6, 5e-4, 3.0, True)
+    assert (last["plain_share"], last["plain_from"]) == (0.5, 1)
+    for bad, message in (
+        (["--mirrored", "--batch-size", "5"], "--mirrored swaps the relation words of an even batch"),
+        (["--plain-from", "3"], "--plain-from must be at least 0, and needs --plain-share"),
+    ):
+        refused = subprocess.run([*script, *bad], capture_output=True, text=True, cwd=ROOT)
+        assert refused.returncode == 2 and message in refused.stderr
 
 
 @pytest.mark.parametrize("where", [[], ["--read-where"]])
