@@ -145,6 +145,11 @@ def phrased_captions(scene: GridScene, rng: random.Random) -> list[Caption]:
     return [Caption(text, twin, "relation", None) for text, twin in pairs if twin is not None]
 
 
+def states_relation(text: str) -> bool:
+    """Whether a caption says where one shape stands against another."""
+    return not RELATION_WORDS.isdisjoint(text.split())
+
+
 def mirror_caption(text: str) -> str:
     """The caption of the mirror image: "left" and "right" swapped."""
     swap = {"left": "right", "right": "left"}
@@ -366,6 +371,12 @@ def main() -> None:
     p.add_argument("--phrased", action="store_true", help="captions written as the grid scenes write them")
     p.add_argument("--plain-share", type=float, default=0.0, help="share of training captions stating no relation")
     p.add_argument("--plain-from", type=int, default=0, help="the --plain-share captions from this step on")
+    p.add_argument(
+        "--relations-first",
+        type=int,
+        default=0,
+        help="--grid-captions: for this many steps, only captions stating a relation",
+    )
     p.add_argument("--grid-captions", action="store_true", help="the grid generator's scenes and captions")
     p.add_argument("--claim-weight", type=float, default=1.0, help="loss weight of the relation words")
     p.add_argument(
@@ -387,6 +398,8 @@ def main() -> None:
         p.error("--claim-weight must be positive")
     if not 0 <= args.plain_share < 1:
         p.error("--plain-share must be in [0, 1)")
+    if args.relations_first < 0 or (args.relations_first and not args.grid_captions):
+        p.error("--relations-first must be at least 0, and needs --grid-captions")
     if args.plain_from < 0 or (args.plain_from and not args.plain_share):
         p.error("--plain-from must be at least 0, and needs --plain-share")
     if args.grid_captions and (
@@ -457,6 +470,9 @@ def main() -> None:
     bf16 = cpu_has_native_bf16()
     autocast = (lambda: torch.autocast("cpu", torch.bfloat16)) if bf16 else contextlib.nullcontext
     rng, step, start = random.Random(args.seed), 0, time.perf_counter()
+    # --relations-first: each image's captions that state a relation, and the images that have one
+    relation_pools = [[t for t in pool if states_relation(t)] for pool in pools or []]
+    related = [k for k, pool in enumerate(relation_pools) if pool]
 
     def report(**extra) -> None:
         centres = None if val_centres is None else torch.tensor(val_centres)
@@ -464,10 +480,14 @@ def main() -> None:
         print(json.dumps({"step": step, "seconds": round(time.perf_counter() - start), **extra, **figures}), flush=True)
 
     while (step < args.steps) if args.steps is not None else (time.perf_counter() - start < 60 * args.minutes):
-        index = [rng.randrange(args.images) for _ in range(batch_size // 2 if args.mirrored else batch_size)]
+        first = step < args.relations_first
+        count = batch_size // 2 if args.mirrored else batch_size
+        index = [rng.choice(related) if first else rng.randrange(args.images) for _ in range(count)]
         words = words_at(step, args.first_steps, args.first_words, args.words)
         texts = [
-            plain_caption(train_scenes[k])
+            rng.choice(relation_pools[k])
+            if first
+            else plain_caption(train_scenes[k])
             if args.plain_share and step >= args.plain_from and rng.random() < args.plain_share
             else rng.choice(pools[k])
             if pools is not None

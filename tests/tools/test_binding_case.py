@@ -107,6 +107,21 @@ def test_a_mirrored_scene_is_described_by_the_mirrored_caption() -> None:
     )
 
 
+def test_captions_stating_a_relation_are_told_from_the_rest() -> None:
+    """What --relations-first trains on first: every grid caption the package's scorer finds a
+    relation in, and no other."""
+    case = _script()
+    _, pools = case.draw_grid(40, 3, 32)
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from relation_probe import flipped  # the side-flipped twin of a caption stating one relation
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    texts = [t for pool in pools for t in pool]
+    assert any(case.states_relation(t) for t in texts) and not all(case.states_relation(t) for t in texts)
+    assert all(case.states_relation(t) == (flipped(t) is not None) for t in texts)
+
+
 def test_steps_toward_the_grid_keep_the_claims_true() -> None:
     """A third shape in its own cell, named first; the grid scenes' own phrasing and its flipped
     twins; captions with no relation: the package's scorer agrees with what each says."""
@@ -204,8 +219,9 @@ def test_where_heads_return_the_mean_place_they_read() -> None:
         (["--third", "--plain-share", "0.5"], True),
         (["--third", "--phrased", "--plain-share", "0.5"], False),
         (["--grid-captions"], False),
+        (["--grid-captions", "--relations-first", "1"], False),
     ],
-    ids=["third", "phrased", "grid"],
+    ids=["third", "phrased", "grid", "grid-relations-first"],
 )
 def test_runs_toward_the_grid_score_the_relations(options: list[str], claim_word_placed: bool) -> None:
     """Each run scores its relation captions; the claim word's own figures need it in one place."""
@@ -235,6 +251,7 @@ def test_batch_rate_weight_and_mirror_options_reach_the_run() -> None:
     for bad, message in (
         (["--mirrored", "--batch-size", "5"], "--mirrored swaps the relation words of an even batch"),
         (["--plain-from", "3"], "--plain-from must be at least 0, and needs --plain-share"),
+        (["--relations-first", "3"], "--relations-first must be at least 0, and needs --grid-captions"),
     ):
         refused = subprocess.run([*script, *bad], capture_output=True, text=True, cwd=ROOT)
         assert refused.returncode == 2 and message in refused.stderr
