@@ -20,6 +20,12 @@ twins; ``--plain-share P`` makes that share of the training captions state no re
 themselves (one to three shapes) and scores the relation probe's pairs
 (`scripts/relation_probe.py`).
 
+How it trains: ``--batch-size`` and ``--lr`` (the captioner's recipe by default); ``--claim-weight W``
+weighs the relation words W times in the loss; ``--mirrored`` puts each image beside its mirror
+image, whose captions say right for left; ``--plain-from N`` brings the ``--plain-share``
+captions in at step N; ``--relations-first N`` trains on the grid scenes' captions that state a
+relation alone for the first N steps.
+
 A captioner with the towers of ``conf/model/caption_small.yaml`` (``--pos-embed``,
 ``--encoder-depth``, ``--patch-size``, ``--attention`` and ``--decoder-depth`` change them; ``--token-shift K``
 adds to each word's embedding those of the K words before it; ``--read-where`` has each decoder
@@ -85,7 +91,15 @@ DIM, HEADS = 128, 4  # conf/model/caption_small.yaml's width and heads, in both 
 DIRECTION_AT = 5  # [BOS] a size colour kind <direction word>: the word's index in the ids
 THIRD_CLAUSE = 5  # "a size colour kind and": the words a third shape puts before the pair
 CAPTIONS_PER_IMAGE = 5  # --phrased: as the grid data sets write them
-RELATION_WORDS = {"left", "right", "above", "over", "below", "under", "beneath"}  # --claim-weight's words
+RELATION_WORDS = {
+    "left",
+    "right",
+    "above",
+    "over",
+    "below",
+    "under",
+    "beneath",
+}  # where one shape stands against another
 
 
 def two_shape_scene(rng: random.Random, outer: bool = False, third: bool = False) -> GridScene:
