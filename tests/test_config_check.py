@@ -90,6 +90,7 @@ def test_pretrained_captioner_config_passes_and_missing_weights_are_named(tmp_pa
         (["data.num_workers=-1"], "data.num_workers=-1 must be an integer >= 0"),
         (["data.crop_scale=[0.8,0.2]"], "data.crop_scale=[0.8, 0.2] must be null or [lo, hi] with 0 < lo <= hi <= 1"),
         (["data.shift_px=-2"], "data.shift_px=-2 must be an integer from 0 to image_size/2 - 1"),
+        (["data.mirror_words=[left,right]"], "data.mirror_words=['left', 'right'] must be pairs of words, e.g. [[left, right]]"),
         (["data.on_bad_image=ignore"], "data.on_bad_image='ignore' is not one of error, skip"),
         (["data.on_bad_annotation=warn"], "data.on_bad_annotation='warn' is not one of error, skip"),
         (["model.encoder.pos_embed=alibi"], "model.encoder.pos_embed='alibi' is not one of learned, sinusoidal, rope"),

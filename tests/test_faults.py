@@ -209,12 +209,13 @@ def test_preemption_signal_saves_then_stops_within_the_step(tmp_path: Path) -> N
 
 STEPS = 14  # 10 a epoch (batch 32 of 320 captions or questions of 64 images): a resume crosses an epoch end
 # the randomness a resume must carry on: dropout (the random generators' states) and each example's
-# crop or shift (its own seed, at the data's position); pretraining also masks words and patches and
+# crop, shift or mirroring (its own seed, at the data's position); pretraining also masks words and patches and
 # picks alignment negatives, random ones first, then hard ones from step 9 (after the resume); VQA
 # also drops out in its answer head (0.1) and shifts images by up to 4 px (the task's); every task
 # validates at the epoch end
 RANDOM = {
-    "caption": ["model.encoder.dropout=0.1", "model.decoder.dropout=0.1", "data.crop_scale=[0.5,1.0]", "data.shift_px=2"],
+    "caption": ["model.encoder.dropout=0.1", "model.decoder.dropout=0.1", "data.crop_scale=[0.5,1.0]", "data.shift_px=2",
+                "data.mirror_words=[[left,right]]"],
     "pretrain": ["task=pretrain", *TINY_TWO_STREAM, "model.backbone.dropout=0.1", "task.objectives.mpm=1.0",
                  "task.objectives.itc=0.5", "task.objectives.hard_negatives_from=0.6", "data.shift_px=2"],
     "vqa": ["task=vqa", *TINY_TWO_STREAM, "model.backbone.dropout=0.1", "trainer.val_check_interval=null",

@@ -18,6 +18,7 @@ from mmtx.data.base import ImageTextDataModule
 from mmtx.data.captions.files import CaptionRecord, read_coco_captions, read_karpathy, read_pairs
 from mmtx.data.dataset import ImageTextDataset
 from mmtx.data.images import MAX_IMAGE_PIXELS
+from mmtx.data.mirroring import Mirror, build_mirror
 from mmtx.data.packed import PackedList
 from mmtx.data.splits import FileSplits, split_files
 from mmtx.data.tokenizer import Tokenizer
@@ -29,12 +30,15 @@ class CaptionDataset(ImageTextDataset):
     ``pairs=True`` (training) yields one example per (image, caption) pair, as is usual on COCO;
     ``pairs=False`` (evaluation) yields one example per image with all its references. An image
     that fails to decode is handled as `ImageTextDataset` says. The records are packed
-    (`PackedList`), so that loader workers reading them do not copy them.
+    (`PackedList`), so that loader workers reading them do not copy them. With a ``mirror``,
+    half the examples come mirrored left to right, their captions' side words swapped.
     """
 
     def __init__(self, records: list[CaptionRecord], transform: Any, pairs: bool,
-                 on_bad_image: Policy = "error", max_pixels: int = MAX_IMAGE_PIXELS) -> None:  # fmt: skip
+                 on_bad_image: Policy = "error", max_pixels: int = MAX_IMAGE_PIXELS,
+                 mirror: Mirror | None = None) -> None:  # fmt: skip
         super().__init__(transform, on_bad_image, max_pixels)
+        self.mirror = mirror
         self.records = PackedList(records)
         counts = np.array([len(rec.captions) for rec in records] if pairs else [1] * len(records), dtype=np.int64)
         record = np.repeat(np.arange(len(records)), counts)  # (N,) the record of each example
@@ -47,12 +51,19 @@ class CaptionDataset(ImageTextDataset):
     def record(self, i: int) -> CaptionRecord:
         return self.records[int(self.index[i, 0])]
 
+    @property
+    def draws_random(self) -> bool:
+        return self.mirror is not None or super().draws_random
+
     def example(self, i: int, rec: CaptionRecord, image: torch.Tensor) -> dict[str, Any]:
         c = int(self.index[i, 1])
+        captions = list(rec.captions)
+        if self.mirror is not None:
+            image, captions = self.mirror(image, captions)
         return {
             "image": image,
-            "caption": rec.captions[c] if rec.captions else "",
-            "references": list(rec.captions),
+            "caption": captions[c] if captions else "",
+            "references": captions,
             "image_id": rec.image_id,
         }
 
@@ -78,12 +89,22 @@ class CaptionCollator:
 
 
 class CaptionDataModule(ImageTextDataModule):
-    """Images and their captions (training: one example per pair; evaluation: per image)."""
+    """Images and their captions (training: one example per pair; evaluation: per image).
+
+    ``mirror_words``: pairs of words (``[[left, right]]``) that name a side; given, each training
+    image is mirrored left to right with probability one half and those words swapped in its
+    captions (`mmtx.data.mirroring`). None: no image is mirrored.
+    """
+
+    def __init__(self, *, mirror_words: list[list[str]] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.mirror = build_mirror(mirror_words)
 
     def make_dataset(self, records: list[CaptionRecord], transform: Any, train: bool) -> Dataset:
         return CaptionDataset(
-            records, transform, pairs=train, on_bad_image=self.on_bad_image, max_pixels=self.max_image_pixels
-        )
+            records, transform, pairs=train, on_bad_image=self.on_bad_image, max_pixels=self.max_image_pixels,
+            mirror=self.mirror if train else None,
+        )  # fmt: skip
 
     def make_collator(self) -> CaptionCollator:
         return CaptionCollator(self.tokenizer, self.max_length)
