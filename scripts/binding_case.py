@@ -54,9 +54,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from relation_probe import FLIPS, flipped, relation_pairs  # beside this script
 from torch import Tensor, nn
 
 from mmtx.attention_maps import attention_weights
+from mmtx.data.mirroring import Mirror
 from mmtx.data.synthetic.grid import (
     ASPECTS,
     GRID,
@@ -91,15 +93,7 @@ DIM, HEADS = 128, 4  # conf/model/caption_small.yaml's width and heads, in both 
 DIRECTION_AT = 5  # [BOS] a size colour kind <direction word>: the word's index in the ids
 THIRD_CLAUSE = 5  # "a size colour kind and": the words a third shape puts before the pair
 CAPTIONS_PER_IMAGE = 5  # --phrased: as the grid data sets write them
-RELATION_WORDS = {
-    "left",
-    "right",
-    "above",
-    "over",
-    "below",
-    "under",
-    "beneath",
-}  # where one shape stands against another
+MIRROR = Mirror([["left", "right"]])  # --mirrored: a caption of the mirror image, as data.mirror_words does
 
 
 def two_shape_scene(rng: random.Random, outer: bool = False, third: bool = False) -> GridScene:
@@ -153,21 +147,13 @@ def plain_caption(scene: GridScene) -> str:
 def phrased_captions(scene: GridScene, rng: random.Random) -> list[Caption]:
     """The grid scenes' captions of `scene` (`describe_grid_scene`), each with its side-flipped
     twin (`relation_probe.flipped`); those stating no single relation are left out."""
-    from relation_probe import flipped  # beside this script
-
     pairs = [(text, flipped(text)) for text in describe_grid_scene(scene, rng, CAPTIONS_PER_IMAGE)]
     return [Caption(text, twin, "relation", None) for text, twin in pairs if twin is not None]
 
 
 def states_relation(text: str) -> bool:
-    """Whether a caption says where one shape stands against another."""
-    return not RELATION_WORDS.isdisjoint(text.split())
-
-
-def mirror_caption(text: str) -> str:
-    """The caption of the mirror image: "left" and "right" swapped."""
-    swap = {"left": "right", "right": "left"}
-    return " ".join(swap.get(word, word) for word in text.split())
+    """Whether a caption says where one shape stands against another (a word the probe flips)."""
+    return not FLIPS.keys().isdisjoint(text.split())
 
 
 def draw_claim(rng: random.Random, words: str) -> str:
@@ -434,8 +420,6 @@ def main() -> None:
     pools: list[list[str]] | None = None  # per training image, the captions it is trained on (else drawn per step)
     val_centres: list[list[int]] | None = []
     if args.grid_captions:
-        from relation_probe import relation_pairs  # beside this script
-
         train_images, pools = draw_grid(args.images, 1000 + args.seed, image_size)
         train_scenes: list[GridScene] = []
         probe = relation_pairs(300, image_size)
@@ -480,7 +464,7 @@ def main() -> None:
     word_weights = None  # the loss's weight of each next word: all 1
     if args.claim_weight != 1:
         word_weights = torch.ones(len(word_id))
-        word_weights[[k for w, k in word_id.items() if w in RELATION_WORDS]] = args.claim_weight
+        word_weights[[k for w, k in word_id.items() if w in FLIPS]] = args.claim_weight
     bf16 = cpu_has_native_bf16()
     autocast = (lambda: torch.autocast("cpu", torch.bfloat16)) if bf16 else contextlib.nullcontext
     rng, step, start = random.Random(args.seed), 0, time.perf_counter()
@@ -512,7 +496,7 @@ def main() -> None:
             group["lr"] = lr * min(1.0, (step + 1) / warmup)
         images = train_images[index]
         if args.mirrored:  # each image beside its mirror image, whose captions say right for left
-            images, texts = torch.cat([images, images.flip(-1)]), texts + [mirror_caption(t) for t in texts]
+            images, texts = torch.cat([images, images.flip(-1)]), texts + [MIRROR.words(t) for t in texts]
         with autocast():
             loss = model.loss(normalize_images(images), encode(texts, word_id), PAD, weight=word_weights)
         optimizer.zero_grad(set_to_none=True)

@@ -24,7 +24,11 @@ def _script():
     spec = importlib.util.spec_from_file_location("mmtx_binding_case", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(path.parent))  # it imports relation_probe, beside it
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
     return module
 
 
@@ -88,61 +92,44 @@ def test_a_mirrored_scene_is_described_by_the_mirrored_caption() -> None:
     above and below stay."""
     case = _script()
     rng = random.Random(2)
-    sys.path.insert(0, str(ROOT / "scripts"))  # relation_probe, beside the script
-    try:
-        for _ in range(60):
-            scene = case.two_shape_scene(rng, third=True)
-            shapes = tuple(
-                dataclasses.replace(s, center=(scene.width - s.center[0], s.center[1])) for s in scene.shapes
-            )
-            cells = tuple((row, case.GRID - 1 - col) for row, col in scene.cells)
-            mirrored = dataclasses.replace(scene, shapes=shapes, cells=cells)
-            for c in [case.caption(scene, rng.randrange(2), "relation"), *case.phrased_captions(scene, rng)]:
-                assert relation_judgements(case.mirror_caption(c.text), mirrored) == [True]
-                assert case.mirror_caption(case.mirror_caption(c.text)) == c.text
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
-    assert (
-        case.mirror_caption("a red box to the left of a ball above it") == "a red box to the right of a ball above it"
-    )
+    for _ in range(60):
+        scene = case.two_shape_scene(rng, third=True)
+        shapes = tuple(dataclasses.replace(s, center=(scene.width - s.center[0], s.center[1])) for s in scene.shapes)
+        cells = tuple((row, case.GRID - 1 - col) for row, col in scene.cells)
+        mirrored = dataclasses.replace(scene, shapes=shapes, cells=cells)
+        for c in [case.caption(scene, rng.randrange(2), "relation"), *case.phrased_captions(scene, rng)]:
+            assert relation_judgements(case.MIRROR.words(c.text), mirrored) == [True]
+            assert case.MIRROR.words(case.MIRROR.words(c.text)) == c.text
+    assert case.MIRROR.words("a red box to the left of a ball above it") == "a red box to the right of a ball above it"
 
 
 def test_captions_stating_a_relation_are_told_from_the_rest() -> None:
-    """What --relations-first trains on first: every grid caption the package's scorer finds a
-    relation in, and no other."""
+    """What --relations-first trains on first: every grid caption the relation probe can flip
+    (`relation_probe.flipped`: it states one relation), and no other."""
     case = _script()
     _, pools = case.draw_grid(40, 3, 32)
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        from relation_probe import flipped  # the side-flipped twin of a caption stating one relation
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
     texts = [t for pool in pools for t in pool]
     assert any(case.states_relation(t) for t in texts) and not all(case.states_relation(t) for t in texts)
-    assert all(case.states_relation(t) == (flipped(t) is not None) for t in texts)
+    assert all(case.states_relation(t) == (case.flipped(t) is not None) for t in texts)
 
 
 def test_steps_toward_the_grid_keep_the_claims_true() -> None:
     """A third shape in its own cell, named first; the grid scenes' own phrasing and its flipped
     twins; captions with no relation: the package's scorer agrees with what each says."""
     case = _script()
-    sys.path.insert(0, str(ROOT / "scripts"))  # relation_probe, beside the script
-    try:
-        rng = random.Random(4)
-        for _ in range(60):
-            scene = case.two_shape_scene(rng, third=True)
-            assert len(set(scene.cells)) == 3 and len({s.color for s in scene.shapes}) == 3
-            c = case.caption(scene, rng.randrange(2), "relation")
-            assert c.text.startswith(f"a {scene.shapes[2].size} {scene.shapes[2].color} {scene.shapes[2].kind} and ")
-            assert c.text.split()[c.at - 1] in case.DIRECTIONS and c.at == case.DIRECTION_AT + case.THIRD_CLAUSE
-            assert relation_judgements(c.text, scene) == [True] and relation_judgements(c.twin, scene) == [False]
-            assert relation_judgements(case.plain_caption(scene), scene) == []
-            phrased = case.phrased_captions(scene, rng)
-            assert phrased and all(p.at is None and p.text != p.twin for p in phrased)
-            for p in phrased:
-                assert relation_judgements(p.text, scene) == [True] and relation_judgements(p.twin, scene) == [False]
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    rng = random.Random(4)
+    for _ in range(60):
+        scene = case.two_shape_scene(rng, third=True)
+        assert len(set(scene.cells)) == 3 and len({s.color for s in scene.shapes}) == 3
+        c = case.caption(scene, rng.randrange(2), "relation")
+        assert c.text.startswith(f"a {scene.shapes[2].size} {scene.shapes[2].color} {scene.shapes[2].kind} and ")
+        assert c.text.split()[c.at - 1] in case.DIRECTIONS and c.at == case.DIRECTION_AT + case.THIRD_CLAUSE
+        assert relation_judgements(c.text, scene) == [True] and relation_judgements(c.twin, scene) == [False]
+        assert relation_judgements(case.plain_caption(scene), scene) == []
+        phrased = case.phrased_captions(scene, rng)
+        assert phrased and all(p.at is None and p.text != p.twin for p in phrased)
+        for p in phrased:
+            assert relation_judgements(p.text, scene) == [True] and relation_judgements(p.twin, scene) == [False]
     words = case.vocabulary(["we see a tiny red ball", "a big blue box"])
     assert list(words)[: len(case.VOCAB)] == list(case.VOCAB) and {"we", "see", "ball", "box"} <= set(words)
     shape = f"a {next(iter(case.SIZES))} {next(iter(case.COLORS))} {next(iter(case.KINDS))}"
