@@ -104,3 +104,13 @@ def test_bad_mirror_words_are_refused(words: list, expected: str) -> None:
     with pytest.raises(ArgumentError, match=expected) as info:
         CocoCaptions(image_size=32, mirror_words=words)
     assert str(info.value).startswith("mirror_words=")
+
+
+@pytest.mark.parametrize("data", ["shapes", "grid", "coco", "karpathy", "pairs", "webdataset"])
+def test_every_caption_data_config_takes_mirror_words(data: str) -> None:
+    """Each caption data group has the key, and its data module's signature takes it."""
+    from mmtx.config_check import unknown_keys
+    from tests.test_config_check import _train_cfg
+
+    cfg = _train_cfg(f"data={data}", "data.mirror_words=[[left,right]]")
+    assert list(cfg.data.mirror_words[0]) == ["left", "right"] and unknown_keys(cfg.data, "data") == []
