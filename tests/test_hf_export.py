@@ -123,6 +123,7 @@ def test_a_transformers_model_imported_and_exported_again_is_itself(tmp_path: Pa
         ([*MAPPABLE, "model.encoder.pos_embed=sinusoidal", "model.decoder.pos_embed=rope"],
          ["model.encoder.pos_embed='sinusoidal'", "model.decoder.pos_embed='rope'"]),
         ([*MAPPABLE, "model.encoder.attention=axial"], ["model.encoder.attention='axial'"]),
+        ([*MAPPABLE, "model.decoder.read_where=true"], ["model.decoder.read_where=True (GPT-2: False)"]),
         ([*MAPPABLE, "model.encoder.dim=48"], ["model.encoder.dim=48 is wider than model.decoder.dim=32"]),
         ([*MAPPABLE, "+model.decoder.norm_first=false"],
          ["ViT + BERT cannot", "model.decoder.embed_norm=False (BERT: True)", "model.decoder.type_vocab_size=0"]),

@@ -23,6 +23,10 @@ class CaptionDecoder(nn.Module):
         head_transform: BERT's prediction head: Linear -> activation -> LayerNorm before the
             vocabulary projection.
         head_bias: a bias on the vocabulary projection (BERT).
+        read_where: each cross-attention head also returns the mean place (x, y) of the image
+            tokens it read (`mmtx.nn.where_attention.WhereCrossAttention`), so a word can follow
+            where the shape it names stands; the image tokens must be a CLS token and a square
+            grid of patches, as mmtx's ViT gives.
     """
 
     def __init__(
@@ -47,6 +51,7 @@ class CaptionDecoder(nn.Module):
         embed_norm: bool = False,
         head_transform: bool = False,
         head_bias: bool = False,
+        read_where: bool = False,
     ) -> None:
         super().__init__()
         self.body = TextTransformer(
@@ -68,6 +73,7 @@ class CaptionDecoder(nn.Module):
             activation=activation,
             type_vocab_size=type_vocab_size,
             embed_norm=embed_norm,
+            read_where=read_where,
         )
         self.head_transform = (
             nn.Sequential(nn.Linear(dim, dim), activation_layer(activation), nn.LayerNorm(dim, eps=norm_eps))

@@ -34,6 +34,8 @@ class TextTransformer(nn.Module):
         activation: the MLP activation (``gelu``; ``gelu_tanh`` for GPT-2).
         type_vocab_size: > 0 adds BERT's token-type (segment) embeddings; type 0 unless given.
         embed_norm: a LayerNorm on the summed embeddings (BERT).
+        read_where: cross-attention also returns where each head read in the image
+            (`mmtx.nn.where_attention.WhereCrossAttention`); needs a ``context_dim``.
     """
 
     def __init__(
@@ -56,6 +58,7 @@ class TextTransformer(nn.Module):
         activation: str = "gelu",
         type_vocab_size: int = 0,
         embed_norm: bool = False,
+        read_where: bool = False,
     ) -> None:
         super().__init__()
         self.pos_kind = check_position_kind(pos_embed)
@@ -83,6 +86,7 @@ class TextTransformer(nn.Module):
                 norm_eps=norm_eps,
                 norm_first=norm_first,
                 activation=activation,
+                read_where=read_where,
             )
             for _ in range(depth)
         )

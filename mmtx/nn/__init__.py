@@ -4,6 +4,7 @@ from mmtx.nn.attention import Attention, KVCache
 from mmtx.nn.blocks import BlockCache, CoAttentionLayer, CrossAttentionBlock, Mlp, TransformerBlock
 from mmtx.nn.embeddings import PatchEmbed, resample_positions, sinusoidal_1d, sinusoidal_2d
 from mmtx.nn.rotary import Rotary, apply_rotary
+from mmtx.nn.where_attention import WhereCrossAttention
 
 __all__ = [
     "Attention",
@@ -15,6 +16,7 @@ __all__ = [
     "PatchEmbed",
     "Rotary",
     "TransformerBlock",
+    "WhereCrossAttention",
     "apply_rotary",
     "resample_positions",
     "sinusoidal_1d",

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from mmtx.config_error import ArgumentError
 from mmtx.nn.attention import Attention, KVCache
+from mmtx.nn.where_attention import WhereCrossAttention
 
 # MLP activations by name: GELU (erf, as in ViT and BERT), its tanh approximation (GPT-2's
 # "gelu_new"), ReLU
@@ -85,6 +86,8 @@ class TransformerBlock(nn.Module):
         norm_eps: LayerNorm epsilon (1e-6 as in ViT, 1e-12 as in BERT, 1e-5 as in GPT-2).
         norm_first: pre-norm (True) or post-norm (False) residuals.
         activation: the MLP's activation (see :data:`ACTIVATIONS`).
+        read_where: the cross-attention also returns where each head read, for a context of a
+            CLS token and a square grid of patches (`WhereCrossAttention`).
     """
 
     def __init__(
@@ -100,6 +103,7 @@ class TransformerBlock(nn.Module):
         norm_eps: float = 1e-6,
         norm_first: bool = True,
         activation: str = "gelu",
+        read_where: bool = False,
     ) -> None:
         super().__init__()
         Norm = residual_norm(norm_first)
@@ -107,8 +111,11 @@ class TransformerBlock(nn.Module):
         self.norm1 = Norm(dim, eps=norm_eps)
         self.attn = Attention(dim, num_heads, **attn_kw)
         cross = context_dim is not None
+        if read_where and not cross:
+            raise ValueError("read_where is an option of cross-attention: give the block a context_dim")
+        CrossAttention = WhereCrossAttention if read_where else Attention
         self.norm_cross = Norm(dim, eps=norm_eps) if cross else None
-        self.cross_attn = Attention(dim, num_heads, context_dim=context_dim, **attn_kw) if cross else None
+        self.cross_attn = CrossAttention(dim, num_heads, context_dim=context_dim, **attn_kw) if cross else None
         self.norm2 = Norm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout, activation)
 

@@ -65,9 +65,9 @@ def _encoder_problems(enc: dict[str, Any]) -> list[str]:
 # what each decoder kind of transformers is, in CaptionDecoder's arguments
 _DECODERS = {
     "GPT-2": {"norm_first": True, "pos_embed": "learned", "qkv_bias": True, "type_vocab_size": 0,
-              "embed_norm": False, "head_transform": False, "head_bias": False},
+              "embed_norm": False, "head_transform": False, "head_bias": False, "read_where": False},
     "BERT": {"norm_first": False, "pos_embed": "learned", "qkv_bias": True, "embed_norm": True,
-             "head_transform": True, "head_bias": True},
+             "head_transform": True, "head_bias": True, "read_where": False},
 }  # fmt: skip
 
 
