@@ -29,7 +29,7 @@ relation alone for the first N steps.
 A captioner with the towers of ``conf/model/caption_small.yaml`` (``--pos-embed``,
 ``--encoder-depth``, ``--patch-size``, ``--attention`` and ``--decoder-depth`` change them; ``--token-shift K``
 adds to each word's embedding those of the K words before it; ``--read-where`` has each decoder
-cross-attention head also return where it read) trains in this process, with bf16 autocast where the CPU has
+cross-attention head also return where it read: ``model.decoder.read_where``) trains in this process, with bf16 autocast where the CPU has
 native bf16, for ``--minutes`` (or ``--steps``). Every ``--every`` steps it prints ONE JSON line
 on 600 held-out images: for the relation captions, the share whose true caption is more likely
 than its side-flipped twin (chance 50 %) and the probability of the true direction word; for the
@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from relation_probe import FLIPS, flipped, relation_pairs  # beside this script
-from torch import Tensor, nn
+from torch import Tensor
 
 from mmtx.attention_maps import attention_weights
 from mmtx.data.mirroring import Mirror
@@ -76,7 +76,6 @@ from mmtx.hardware import cpu_has_native_bf16
 from mmtx.models.captioner import ImageCaptioner
 from mmtx.models.decoder import CaptionDecoder
 from mmtx.models.vit import VisionEncoder
-from mmtx.nn.attention import Attention, sdpa
 from mmtx.tasks.optim import param_groups
 
 DIRECTIONS = ("left", "right", "above", "below")
@@ -228,36 +227,6 @@ class ShiftedEmbedding(torch.nn.Module):
         return out
 
 
-def token_coords(grid: int) -> Tensor:
-    """(1 + grid*grid, 3): each image token's centre (x, y) in [-1, 1], row by row from the top
-    left, and a flag that is 1 on the CLS token (first, at (0, 0)) only."""
-    centres = (torch.arange(grid) + 0.5) / grid * 2 - 1
-    y, x = torch.meshgrid(centres, centres, indexing="ij")
-    patches = torch.stack([x.flatten(), y.flatten(), torch.zeros(grid * grid)], -1)
-    return torch.cat([torch.tensor([[0.0, 0.0, 1.0]]), patches])
-
-
-class WhereCrossAttention(Attention):
-    """Cross-attention whose heads also return where they read: each head's attention-weighted
-    mean of the image tokens' coordinates (`token_coords`), mapped to the width by a projection
-    of its own. A query that singles out a named shape then holds that shape's place as such,
-    not only what of its position embedding the encoder's blocks passed on."""
-
-    def __init__(self, dim: int, num_heads: int, context_dim: int, grid: int) -> None:
-        super().__init__(dim, num_heads, context_dim=context_dim)
-        self.register_buffer("coords", token_coords(grid), persistent=False)  # (S, 3)
-        self.where = nn.Linear(3 * num_heads, dim)
-
-    def _attend(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, shape: torch.Size
-    ) -> Tensor:
-        coords = self.coords.to(v.dtype).expand(*v.shape[:3], 3)  # (B, H, S, 3)
-        y = sdpa(q, k, torch.cat([v, coords], -1), attn_mask=mask, is_causal=is_causal)  # (B, H, T, Dh + 3)
-        read, where = y.split((self.head_dim, 3), -1)
-        joined = self.proj(read.transpose(1, 2).reshape(shape))  # (B, T, dim), as Attention joins them
-        return joined + self.where(where.transpose(1, 2).reshape(*shape[:2], -1))
-
-
 def build_captioner(
     pos_embed: str,
     decoder_depth: int,
@@ -283,13 +252,17 @@ def build_captioner(
         attention=attention,
     )
     decoder = CaptionDecoder(
-        vocab_size, DIM, dim=DIM, depth=decoder_depth, num_heads=HEADS, max_length=max_length, pad_id=PAD
+        vocab_size,
+        DIM,
+        dim=DIM,
+        depth=decoder_depth,
+        num_heads=HEADS,
+        max_length=max_length,
+        pad_id=PAD,
+        read_where=read_where,
     )
     if token_shift:
         decoder.body.token_embed = ShiftedEmbedding(decoder.body.token_embed, token_shift)
-    if read_where:
-        for block in decoder.body.blocks:
-            block.cross_attn = WhereCrossAttention(DIM, HEADS, DIM, image_size // patch_size)
     return ImageCaptioner(encoder, decoder)
 
 

@@ -6,9 +6,16 @@ caption of a freshly drawn grid scene (`mmtx.data.synthetic.grid`) that states a
 scores the caption and its twin with the side flipped ("left of" <-> "right of", "above" <->
 "below", ...), both teacher-forced on the image; a captioner that knows where the shapes are
 gives the true caption the higher likelihood. Chance is 50 %. Prints ONE JSON line per
-checkpoint: the share of pairs won, overall and by axis, and how many pairs were scored::
+checkpoint: the share of pairs won, overall, by axis and by the true caption's direction word,
+and how many pairs were scored::
 
     python scripts/relation_probe.py RUN/checkpoints/last.ckpt [--scenes 300]
+
+The direction words are not equally common ("over" is said more often than "under"), so a
+captioner blind to the image already wins most pairs of the commoner word and loses most of the
+other's. `own_scene` takes that prior away: the share of pairs whose true caption gains more over
+its twin on its own image than on another scene's, where the words' prior is the same. Ties count
+half, so a captioner that does not look at the image scores exactly 50 % there.
 
 The scenes come from the probe's own seeds (never part of a training set), squashed to the
 checkpoint's image size as the data module squashes a grid image.
@@ -74,24 +81,48 @@ def relation_pairs(scenes: int, image_size: int) -> list[tuple[Tensor, str, str,
 
 
 def probe(task, pairs: list[tuple[Tensor, str, str, bool]], likelihood=log_likelihoods, batch: int = 100) -> dict:
-    """The share of `pairs` whose true caption `likelihood` scores above its twin: overall and by axis."""
+    """The share of `pairs` whose true caption `likelihood` scores above its twin, overall, by
+    axis and by the true caption's direction word; and the same pairs judged against another
+    scene (`own_scene`, see `main`)."""
     if not pairs:
         raise ValueError("no caption stating a relation to probe: draw more scenes")
-    won: list[bool] = []
+    others = [_another_scene(pairs, i) for i in range(len(pairs))]
+    own: list[float] = []  # log-likelihood of the true caption minus its twin's, on its image
+    elsewhere: list[float] = []  # the same, on another scene's image
     for start in range(0, len(pairs), batch):
         chunk = pairs[start : start + batch]
-        images = torch.stack([p[0] for p in chunk])
-        true = likelihood(task, images, [p[1] for p in chunk])
-        twin = likelihood(task, images, [p[2] for p in chunk])
-        won += (true > twin).tolist()
+        true, twin = [p[1] for p in chunk], [p[2] for p in chunk]
+        for margins, images in ((own, [p[0] for p in chunk]), (elsewhere, others[start : start + batch])):
+            images = torch.stack(images)
+            margins += (likelihood(task, images, true) - likelihood(task, images, twin)).tolist()
 
-    def share(xs: list[bool]) -> float | None:
+    def share(xs: list[float]) -> float | None:
         return round(sum(xs) / len(xs), 4) if xs else None
 
-    horizontal = [w for w, p in zip(won, pairs) if p[3]]
-    vertical = [w for w, p in zip(won, pairs) if not p[3]]
-    return {"pairs": len(won), "true_preferred": share(won), "horizontal": share(horizontal),
-            "vertical": share(vertical), "chance": 0.5}  # fmt: skip
+    def by_axis(won: list[float]) -> dict[str, float | None]:
+        return {"overall": share(won), "horizontal": share([w for w, p in zip(won, pairs) if p[3]]),
+                "vertical": share([w for w, p in zip(won, pairs) if not p[3]])}  # fmt: skip
+
+    won = [float(m > 0) for m in own]
+    # ties count half: a scorer blind to the image scores exactly chance
+    gained = [1.0 if m > e else 0.5 if m == e else 0.0 for m, e in zip(own, elsewhere)]
+    words: dict[str, list[float]] = {}
+    for w, p in zip(won, pairs):
+        words.setdefault(_DIRECTION.search(p[1]).group(1), []).append(w)
+    axes = by_axis(won)
+    return {"pairs": len(won), "true_preferred": axes["overall"], "horizontal": axes["horizontal"],
+            "vertical": axes["vertical"], "chance": 0.5,
+            "by_word": {w: share(ws) for w, ws in sorted(words.items())},
+            "own_scene": by_axis(gained)}  # fmt: skip
+
+
+def _another_scene(pairs: list[tuple[Tensor, str, str, bool]], i: int) -> Tensor:
+    """The image of the first pair after pair `i` (cyclically) drawn from another scene."""
+    for step in range(1, len(pairs)):
+        image = pairs[(i + step) % len(pairs)][0]
+        if image is not pairs[i][0]:
+            return image
+    raise ValueError("the probe's pairs come from one scene: draw more scenes")
 
 
 def main() -> None:

@@ -62,6 +62,31 @@ def test_probe_counts_the_pairs_the_scorer_prefers_the_truth_on() -> None:
         probe.probe(None, [], oracle)
 
 
+def test_own_scene_takes_the_words_prior_away() -> None:
+    """A scorer that prefers "above" and "over" whatever the image wins every pair of those words
+    and none of the others' (`by_word`), yet scores exactly chance against another scene; one
+    that reads the image wins there too."""
+    probe = _script()
+    pairs = probe.relation_pairs(40, image_size=32)
+
+    def scene(image):  # some of its pixels: exact values, which tell the scenes apart
+        return tuple(image.flatten()[::7].tolist())
+
+    truth = {(scene(p[0]), p[1]) for p in pairs}  # (a scene, a caption true of it)
+
+    def sees(task, images, captions):  # knows where every shape of the scene in front of it is
+        return torch.tensor([float((scene(i), c) in truth) for i, c in zip(images, captions)])
+
+    def prior(task, images, captions):  # blind: the commoner words of each axis score higher
+        return torch.tensor([float(any(w in c.split() for w in ("above", "over", "left"))) for c in captions])
+
+    seen, blind = probe.probe(None, pairs, sees, batch=9), probe.probe(None, pairs, prior)
+    assert seen["own_scene"] == {"overall": 1.0, "horizontal": 1.0, "vertical": 1.0}
+    assert blind["own_scene"] == {"overall": 0.5, "horizontal": 0.5, "vertical": 0.5}
+    assert {"left", "right"} < set(blind["by_word"]) <= set(probe.FLIPS)
+    assert {w: 1.0 if w in ("above", "over", "left") else 0.0 for w in blind["by_word"]} == blind["by_word"]
+
+
 def test_probe_scores_a_captioner_by_its_caption_likelihoods() -> None:
     probe = _script()
     pairs = probe.relation_pairs(12, image_size=32)
