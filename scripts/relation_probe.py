@@ -6,8 +6,9 @@ caption of a freshly drawn grid scene (`mmtx.data.synthetic.grid`) that states a
 scores the caption and its twin with the side flipped ("left of" <-> "right of", "above" <->
 "below", ...), both teacher-forced on the image; a captioner that knows where the shapes are
 gives the true caption the higher likelihood. Chance is 50 %. Prints ONE JSON line per
-checkpoint: the share of pairs won, overall, by axis and by the true caption's direction word,
-and how many pairs were scored::
+checkpoint: the share of pairs won, overall, by axis, by the true caption's direction word and
+by the word before it ("to the left of", "is left of", "a box left of"), and how many pairs
+were scored::
 
     python scripts/relation_probe.py RUN/checkpoints/last.ckpt [--scenes 300]
 
@@ -82,8 +83,8 @@ def relation_pairs(scenes: int, image_size: int) -> list[tuple[Tensor, str, str,
 
 def probe(task, pairs: list[tuple[Tensor, str, str, bool]], likelihood=log_likelihoods, batch: int = 100) -> dict:
     """The share of `pairs` whose true caption `likelihood` scores above its twin, overall, by
-    axis and by the true caption's direction word; and the same pairs judged against another
-    scene (`own_scene`, see `main`)."""
+    axis, by the true caption's direction word and by the word before it (`by_lead`); and the
+    same pairs judged against another scene (`own_scene`, see the module's docstring)."""
     if not pairs:
         raise ValueError("no caption stating a relation to probe: draw more scenes")
     others = [_another_scene(pairs, i) for i in range(len(pairs))]
@@ -109,11 +110,25 @@ def probe(task, pairs: list[tuple[Tensor, str, str, bool]], likelihood=log_likel
     words: dict[str, list[float]] = {}
     for w, p in zip(won, pairs):
         words.setdefault(_DIRECTION.search(p[1]).group(1), []).append(w)
+    leads: dict[str, tuple[list[float], list[float]]] = {}
+    for w, g, p in zip(won, gained, pairs):
+        group = leads.setdefault(f"{'horizontal' if p[3] else 'vertical'} after {_lead(p[1])}", ([], []))
+        group[0].append(w)
+        group[1].append(g)
     axes = by_axis(won)
     return {"pairs": len(won), "true_preferred": axes["overall"], "horizontal": axes["horizontal"],
             "vertical": axes["vertical"], "chance": 0.5,
             "by_word": {w: share(ws) for w, ws in sorted(words.items())},
-            "own_scene": by_axis(gained)}  # fmt: skip
+            "own_scene": by_axis(gained),
+            "by_lead": {k: {"pairs": len(w), "true_preferred": share(w), "own_scene": share(g)}
+                        for k, (w, g) in sorted(leads.items())}}  # fmt: skip
+
+
+def _lead(caption: str) -> str:
+    """What comes just before the direction word: "'the'" ("to the left of"), "'is'", "'sits'",
+    or "a noun" ("a red box above ...")."""
+    before = caption[: _DIRECTION.search(caption).start()].split()[-1:]
+    return repr(before[0]) if before and before[0] in ("the", "is", "sits") else "a noun"
 
 
 def _another_scene(pairs: list[tuple[Tensor, str, str, bool]], i: int) -> Tensor:

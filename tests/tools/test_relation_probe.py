@@ -85,6 +85,19 @@ def test_own_scene_takes_the_words_prior_away() -> None:
     assert blind["own_scene"] == {"overall": 0.5, "horizontal": 0.5, "vertical": 0.5}
     assert {"left", "right"} < set(blind["by_word"]) <= set(probe.FLIPS)
     assert {w: 1.0 if w in ("above", "over", "left") else 0.0 for w in blind["by_word"]} == blind["by_word"]
+    leads = seen["by_lead"]
+    assert "horizontal after 'the'" in leads and "vertical after a noun" in leads
+    assert sum(g["pairs"] for g in leads.values()) == len(pairs)
+    assert all(g["true_preferred"] == g["own_scene"] == 1.0 for g in leads.values())
+
+
+@pytest.mark.parametrize(
+    ("caption", "lead"),
+    [("a red ball to the left of a blue box", "'the'"), ("the red ball sits above the box", "'sits'"),
+     ("the red ball is under the box", "'is'"), ("a red ball right of a blue box", "a noun")],
+)  # fmt: skip
+def test_the_lead_is_the_word_before_the_side(caption: str, lead: str) -> None:
+    assert _script()._lead(caption) == lead
 
 
 def test_probe_scores_a_captioner_by_its_caption_likelihoods() -> None:
