@@ -27,16 +27,17 @@ captions in at step N; ``--relations-first N`` trains on the grid scenes' captio
 relation alone for the first N steps.
 
 A captioner with the towers of ``conf/model/caption_small.yaml`` (``--pos-embed``,
-``--encoder-depth``, ``--patch-size``, ``--attention`` and ``--decoder-depth`` change them; ``--token-shift K``
-adds to each word's embedding those of the K words before it; ``--read-where`` has each decoder
-cross-attention head also return where it read, the decoder's ``read_where``) trains in this
-process, with bf16 autocast where the CPU has native bf16, for ``--minutes`` (or ``--steps``).
-Every ``--every`` steps it prints ONE JSON line on 600 held-out images: for the relation captions, the share whose true caption is more likely
-than its side-flipped twin (chance 50 %) and the probability of the true direction word; for the
-column captions, the probability of the true column word (chance 1/3); for the axis captions,
-that of the true axis word (chance 1/2); and where the decoder's last block looks when it
-predicts the claim word: its cross-attention's share on the image token at A's centre and at
-B's, beside the share each token would get from uniform attention::
+``--encoder-depth``, ``--patch-size``, ``--attention`` and ``--decoder-depth`` change them;
+``--token-shift K`` adds to each word's embedding those of the K words before it; ``--read-where``
+has each decoder cross-attention head also return where it read, the decoder's ``read_where``)
+trains in this process, with bf16 autocast where the CPU has native bf16, for ``--minutes`` (or
+``--steps``). Every ``--every`` steps it prints ONE JSON line on 600 held-out images: for the
+relation captions, the share whose true caption is more likely than its side-flipped twin (chance
+50 %) and the probability of the true direction word; for the column captions, the probability of
+the true column word (chance 1/3); for the axis captions, that of the true axis word (chance 1/2);
+and where the decoder's last block looks when it predicts the claim word: its cross-attention's
+share on the image token at A's centre and at B's, beside the share each token would get from
+uniform attention::
 
     python scripts/binding_case.py --minutes 4 [--words relation] [--pos-embed learned]
 
