@@ -45,6 +45,10 @@ _CLAIM_WORDS = frozenset(
 )
 
 
+# What can be wrong in a caption, in the order `caption_error` checks it.
+ERRORS = ("stray word", "shapes named", "size", "kind", "place", "relation")
+
+
 def caption_is_correct(caption: str, scene: ShapeScene) -> bool:
     """Whether `caption` names every shape of `scene` once, each with its true size, colour
     and kind, and states only true relations, the way every generated caption does.
@@ -57,22 +61,32 @@ def caption_is_correct(caption: str, scene: ShapeScene) -> bool:
     claim something (`_CLAIM_WORDS`) outside a complete phrase: "a red ball" or "an orange
     box" are wrong, as is a relation with no shape on one side.
     """
+    return caption_error(caption, scene) is None
+
+
+def caption_error(caption: str, scene: ShapeScene) -> str | None:
+    """The first of `ERRORS` that makes `caption` wrong for `scene`, None when it is correct
+    (`caption_is_correct`): a claiming word outside a phrase, the shapes named (each colour of
+    the scene once, no other), a size, a kind, a place, a relation."""
     items, stray = _parse_caption(caption)
     if stray:
-        return False
+        return "stray word"
     index = {shape.color: k for k, shape in enumerate(scene.shapes)}  # colours are unique per scene
     named = [item for item in items if isinstance(item, _NounPhrase)]
     if sorted(phrase.color for phrase in named) != sorted(index):  # each shape once, nothing else
-        return False
-    for phrase in named:
-        shape = scene.shapes[index[phrase.color]]
-        if (phrase.size, phrase.kind) != (shape.size, shape.kind):
-            return False
+        return "shapes named"
+    shapes = [scene.shapes[index[phrase.color]] for phrase in named]
+    if any(phrase.size != shape.size for phrase, shape in zip(named, shapes)):
+        return "size"
+    if any(phrase.kind != shape.kind for phrase, shape in zip(named, shapes)):
+        return "kind"
     cells = getattr(scene, "cells", None)  # only grid scenes have places to be judged by
     for phrase, place in zip(items, items[1:]):
         if isinstance(place, _Place) and (cells is None or cells[index[phrase.color]] != place.cell):
-            return False
-    return all(a is not None and b is not None and _holds(scene, index, a, rel, b) for a, rel, b in _stated(items))
+            return "place"
+    if not all(a is not None and b is not None and _holds(scene, index, a, rel, b) for a, rel, b in _stated(items)):
+        return "relation"
+    return None
 
 
 def relation_judgements(caption: str, scene: ShapeScene) -> list[bool]:
