@@ -108,11 +108,11 @@ def probe(task, pairs: list[tuple[Tensor, str, str, bool]], likelihood=log_likel
     # ties count half: a scorer blind to the image scores exactly chance
     gained = [1.0 if m > e else 0.5 if m == e else 0.0 for m, e in zip(own, elsewhere)]
     words: dict[str, list[float]] = {}
-    for w, p in zip(won, pairs):
-        words.setdefault(_DIRECTION.search(p[1]).group(1), []).append(w)
     leads: dict[str, tuple[list[float], list[float]]] = {}
-    for w, g, p in zip(won, gained, pairs):
-        group = leads.setdefault(f"{'horizontal' if p[3] else 'vertical'} after {_lead(p[1])}", ([], []))
+    for w, g, (_, caption, _, horizontal) in zip(won, gained, pairs):
+        word, lead = _word_and_lead(caption)
+        words.setdefault(word, []).append(w)
+        group = leads.setdefault(f"{'horizontal' if horizontal else 'vertical'} after {lead}", ([], []))
         group[0].append(w)
         group[1].append(g)
     axes = by_axis(won)
@@ -124,11 +124,12 @@ def probe(task, pairs: list[tuple[Tensor, str, str, bool]], likelihood=log_likel
                         for k, (w, g) in sorted(leads.items())}}  # fmt: skip
 
 
-def _lead(caption: str) -> str:
-    """What comes just before the direction word: "'the'" ("to the left of"), "'is'", "'sits'",
-    or "a noun" ("a red box above ...")."""
-    before = caption[: _DIRECTION.search(caption).start()].split()[-1:]
-    return repr(before[0]) if before and before[0] in ("the", "is", "sits") else "a noun"
+def _word_and_lead(caption: str) -> tuple[str, str]:
+    """The direction word and what comes just before it: "'the'" ("to the left of"), "'is'",
+    "'sits'", or "a noun" ("a red box above ...")."""
+    match = _DIRECTION.search(caption)
+    before = caption[: match.start()].split()[-1:]
+    return match.group(1), repr(before[0]) if before and before[0] in ("the", "is", "sits") else "a noun"
 
 
 def _another_scene(pairs: list[tuple[Tensor, str, str, bool]], i: int) -> Tensor:

@@ -92,12 +92,12 @@ def test_own_scene_takes_the_words_prior_away() -> None:
 
 
 @pytest.mark.parametrize(
-    ("caption", "lead"),
-    [("a red ball to the left of a blue box", "'the'"), ("the red ball sits above the box", "'sits'"),
-     ("the red ball is under the box", "'is'"), ("a red ball right of a blue box", "a noun")],
+    ("caption", "word", "lead"),
+    [("a red ball to the left of a blue box", "left", "'the'"), ("the red ball sits above the box", "above", "'sits'"),
+     ("the red ball is under the box", "under", "'is'"), ("a red ball right of a blue box", "right", "a noun")],
 )  # fmt: skip
-def test_the_lead_is_the_word_before_the_side(caption: str, lead: str) -> None:
-    assert _script()._lead(caption) == lead
+def test_the_lead_is_the_word_before_the_side(caption: str, word: str, lead: str) -> None:
+    assert _script()._word_and_lead(caption) == (word, lead)
 
 
 def test_probe_scores_a_captioner_by_its_caption_likelihoods() -> None:
