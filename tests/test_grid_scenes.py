@@ -14,8 +14,10 @@ from pathlib import Path
 import lightning as L
 import pytest
 from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
 from PIL import Image
 
+from mmtx.checkpoint import read_checkpoint
 from mmtx.config_check import check_train_config
 from mmtx.data.captions import read_coco_captions
 from mmtx.data.synthetic import GridCaptions, ShapesCaptions, grid, shapes
@@ -33,7 +35,14 @@ from mmtx.data.synthetic.grid import (
     scenes_for,
 )
 from mmtx.data.synthetic.scenes import _RELATION_WORDS, COLORS, Shape
-from mmtx.data.synthetic.scoring import _CLAIM_WORDS, caption_is_correct, caption_scores, relation_judgements
+from mmtx.data.synthetic.scoring import (
+    _CLAIM_WORDS,
+    caption_error,
+    caption_is_correct,
+    caption_scores,
+    relation_judgements,
+)
+from mmtx.data.tokenizer import Tokenizer
 from tests.helpers import compose_train
 
 RELATION_WORDS = {phrase: rel for rel, phrases in _RELATION_WORDS.items() for phrase in phrases}
@@ -152,6 +161,26 @@ def test_captions_relate_a_pair_in_either_order_and_are_judged_correct() -> None
             subjects = {next(word for word in reversed(words) if word in COLORS) for words in before}
             both_orders.append(len(subjects) == 2)
     assert len(both_orders) > 50 and sum(both_orders) / len(both_orders) > 0.8
+
+
+@pytest.mark.parametrize(
+    ("caption", "error"),
+    [
+        ("a small green triangle and a tiny red ball left of a big blue box", None),
+        ("a small green triangle and a tiny red ball right of a big blue box", "relation"),
+        ("a small green box and a tiny red ball right of a big blue box", "kind"),  # the kind is checked first
+        ("a big green triangle and a tiny red ball left of a big blue box", "size"),
+        ("a tiny red ball left of a big blue box", "shapes named"),  # the green one is missing
+        ("a tiny red ball left of a big blue box and a small green triangle and a small red ball", "shapes named"),
+        ("a small green triangle and a tiny red ball left of a big blue box on a purple background", "stray word"),
+        ("a small green triangle at the top right and a tiny red ball at the top left and a big blue box "
+         "at the middle right", "place"),  # the red ball stands in the middle row
+    ],
+)  # fmt: skip
+def test_caption_error_names_the_first_check_a_caption_fails(caption: str, error: str | None) -> None:
+    scene = _scene_of_three()
+    assert caption_error(caption, scene) == error
+    assert caption_is_correct(caption, scene) == (error is None)
 
 
 def test_vocabulary_is_the_shapes_scenes_own_in_other_templates() -> None:
@@ -307,6 +336,46 @@ def test_grid_composes_alone_and_with_the_shapes_preset() -> None:
             check_train_config(cfg)  # builds the data module and the task without drawing
         finally:
             HydraConfig.instance().cfg = None  # type: ignore[assignment]
+
+
+def test_the_place_warm_up_trains_the_presets_captioner_on_place_captions() -> None:
+    """experiment=caption_places is experiment=caption_shapes's task and model on place captions of
+    other grid scenes, for two minutes: its checkpoint is what that preset's init_from= expects."""
+    warm, main = (
+        compose_train([preset, "paths.output_dir=/unused", "paths.data_dir=/unused"])
+        for preset in ("experiment=caption_places", "experiment=caption_shapes")
+    )
+    assert OmegaConf.to_container(warm.model, resolve=True) == OmegaConf.to_container(main.model, resolve=True)
+    assert warm.task == main.task
+    assert warm.data._target_ == "mmtx.data.synthetic.GridCaptions" and warm.data.image_size == 64
+    assert warm.data.root == "/unused/grid-places-3000-300-seed7"
+    assert warm.trainer.max_time == "00:00:02:00"
+    steps = compose_train(["experiment=caption_places", "trainer.max_steps=5", "paths.output_dir=/unused"])
+    assert steps.trainer.max_time is None  # a step budget turns the deadline off, as in every preset
+
+
+@pytest.mark.slow
+def test_place_captions_first_then_relations_as_the_preset_says(cli, tiny: list[str], tmp_path: Path) -> None:
+    """The preset's two commands: a captioner trained on place captions starts one on relation
+    captions, whose vocabulary keeps the first run's words (same ids) and adds its own."""
+    common = [*tiny, "trainer.max_epochs=null", "trainer.max_steps=2", "logger=none"]
+    cli.run("mmtx-train", "experiment=caption_places", *common, f"hydra.run.dir={tmp_path / 'places'}", cwd=tmp_path)
+    warm = tmp_path / "places" / "checkpoints" / "last.ckpt"
+    cli.run(
+        "mmtx-train", "experiment=caption_shapes", "data=grid", *common, "seed=1", f"init_from={warm}",
+        "tokenizer.add_words=true", f"hydra.run.dir={tmp_path / 'relations'}", cwd=tmp_path,
+    )  # fmt: skip
+    before, after = (
+        Tokenizer.from_file(tmp_path / run / "tokenizer.json").backend.get_vocab() for run in ("places", "relations")
+    )
+    assert "top" in before and "above" not in before  # place words only
+    assert {w: after[w] for w in before} == before and "above" in after
+    started, trained = (
+        read_checkpoint(path)["state_dict"] for path in (warm, tmp_path / "relations" / "checkpoints" / "last.ckpt")
+    )
+    encoder = [k for k in started if k.startswith("model.encoder.")]
+    # two small steps from the warm-up's weights, not a new draw of seed 1's (about 0.02 apart)
+    assert encoder and max((started[k].float() - trained[k].float()).abs().max().item() for k in encoder) < 0.01
 
 
 class ReferenceCaptions(L.Callback):

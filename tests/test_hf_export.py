@@ -21,8 +21,9 @@ TOL = 1e-5  # fp32
 TEXTS = ["a red square left of a blue circle", "a small green triangle", "two big yellow boxes"]
 # the tiny captioner, as transformers' ViT + GPT-2 build it: linear patch map, learned positions,
 # full attention, GELU (tanh) in the decoder; the encoder narrower than the decoder (transformers projects it)
-MAPPABLE = ["model.encoder.stem=patch", "model.encoder.attention=full", "model.encoder.dim=24",
-            "+model.decoder.activation=gelu_tanh", "model.decoder.depth=2"]  # fmt: skip
+MAPPABLE = ["model.encoder.stem=patch", "model.encoder.attention=full", "model.encoder.pos_embed=learned",
+            "model.decoder.read_where=false", "model.encoder.dim=24", "+model.decoder.activation=gelu_tanh",
+            "model.decoder.depth=2"]  # fmt: skip
 
 
 def randomize(module: torch.nn.Module, seed: int) -> None:

@@ -77,8 +77,8 @@ PRETRAIN = {"task.lr": 1e-3, "task.objectives.mlm": 1.0, "task.objectives.mpm": 
             "task.objectives.itc": 0.5, "task.objectives.caption": 1.0, "data.batch_size": 32, "data.max_length": 24,
             "trainer.val_check_interval": None, "trainer.check_val_every_n_epoch": 1}  # fmt: skip
 CAPTION = {
-    "task.lr": 1e-3,
-    "data.batch_size": 32,
+    "task.lr": 2e-3,
+    "data.batch_size": 128,
     "trainer.val_check_interval": None,
     "trainer.check_val_every_n_epoch": 1,
 }
