@@ -62,7 +62,7 @@ def tiny(data_dir: Path) -> list[str]:
         *TINY_MODEL,
         *TINY_DATA,
         f"paths.data_dir={data_dir}",
-        "data.batch_size=32",  # two steps an epoch on the 64 images, whatever a task's own recipe batches
+        "data.batch_size=32",  # several steps an epoch on the tiny data, whatever batch a task's recipe has
         "trainer.enable_progress_bar=false",
         "trainer.precision=32-true",
         "trainer.max_epochs=2",

@@ -61,12 +61,14 @@ def test_a_gpu_run_resumes_on_the_cpu(tmp_path: Path) -> None:
     (run / "checkpoints").mkdir(parents=True)
     ckpt = run / "checkpoints" / "last.ckpt"
     ckpt.write_bytes(GPU_CKPT.read_bytes())
-    # written before the conv stem's default became GroupNorm: a resume takes the checkpoint's model
-    # settings (refused otherwise, naming the key), here its BatchNorm stem
+    # written before the conv stem's GroupNorm, the sinusoidal positions and the read of places became
+    # the defaults: a resume takes the checkpoint's model settings (refused otherwise, naming the key)
     metrics = train_in_process(
         [
             *TINY,
             "model.encoder.stem_norm=batch",
+            "model.encoder.pos_embed=learned",
+            "model.decoder.read_where=false",
             "trainer=cpu",
             "trainer.max_epochs=3",
             "trainer.max_steps=10",
