@@ -30,8 +30,10 @@ def grid_coordinates(num_tokens: int, device: torch.device | None = None) -> Ten
         )
     centres = (torch.arange(side, device=device) + 0.5) / side * 2 - 1
     y, x = torch.meshgrid(centres, centres, indexing="ij")
-    patches = torch.stack([x.flatten(), y.flatten(), torch.zeros(side * side, device=device)], -1)
-    return torch.cat([torch.tensor([[0.0, 0.0, 1.0]], device=device), patches])
+    coords = torch.zeros(num_tokens, 3, device=device)  # built where it is used: no copy from the host
+    coords[1:, 0], coords[1:, 1] = x.flatten(), y.flatten()
+    coords[0, 2] = 1.0  # CLS, at (0, 0)
+    return coords
 
 
 class WhereCrossAttention(Attention):
