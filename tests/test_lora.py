@@ -127,7 +127,7 @@ def test_a_lora_run_from_pretrained_files_trains_adapters_resumes_and_exports(
     write_vit(vit_dir, transformers)
     write_gpt2(gpt2_dir, transformers, ["a red square", "a big blue circle left of a small green box"])
     common = [
-        *TINY_DATA, f"paths.data_dir={tmp_path / 'data'}", "trainer.enable_progress_bar=false",
+        *TINY_DATA, "data.batch_size=32", f"paths.data_dir={tmp_path / 'data'}", "trainer.enable_progress_bar=false",
         "trainer.precision=32-true", "data.max_length=16", "model=caption_pretrained", f"model.encoder.pretrained={vit_dir}", "model.encoder.dim=32",
         f"model.decoder.pretrained={gpt2_dir}", f"tokenizer.path={gpt2_dir}",
         "task.lora.rank=4", "task.lora.dropout=0.1", "task.freeze.modules=[model]", "trainer.max_epochs=null",

@@ -314,7 +314,7 @@ def test_one_and_two_processes_and_a_resumed_run_read_the_same_samples(
     model = TINY_MODEL if task == "caption" else ["task=pretrain", *TINY_TWO_STREAM]
     common = [
         "data=webdataset", f"data.train.shards='{spec}'", f"data.val.shards='{spec}'", "data.on_bad_annotation=skip",
-        "data.image_size=32", "data.num_workers=0", *model, "logger=none", "trainer.max_epochs=1",
+        "data.image_size=32", "data.num_workers=0", "data.batch_size=32", *model, "logger=none", "trainer.max_epochs=1",
         "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "callbacks.step_checkpoint.every_n_train_steps=3",
         "+callbacks.ids._target_=tests.helpers.RecordImageIds",
     ]  # fmt: skip
