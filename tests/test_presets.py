@@ -144,7 +144,7 @@ def test_the_data_module_is_built_with_the_run_seed(tmp_path: Path) -> None:
     ("preset", "data", "expected"),
     [
         ("experiment=vqa_shapes", "data=vqa", {"image_size": 64, "batch_size": 128, "shift_px": 4}),
-        ("experiment=caption_shapes", "data=coco", {"image_size": 64, "batch_size": 32, "shift_px": 0}),
+        ("experiment=caption_shapes", "data=coco", {"image_size": 64, "batch_size": 128, "shift_px": 0}),
         ("experiment=pretrain_shapes", "data=coco", {"image_size": 64, "batch_size": 32, "max_length": 24}),
     ],
 )

@@ -72,6 +72,7 @@ def test_a_time_budgeted_run_ends_its_schedule_and_logs_minutes(tiny: list[str],
             "trainer.val_check_interval=100000",
             "trainer.check_val_every_n_epoch=null",
             "trainer.log_every_n_steps=1",
+            "task.lr=1e-3",
             "task.min_lr_ratio=0.05",
             f"paths.output_dir={tmp_path}",
         ]

@@ -76,6 +76,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "model.decoder.dim=32",
             "model.decoder.depth=1",
             "model.decoder.num_heads=2",
+            "model.encoder.pos_embed=learned",  # the vision stream's own: its table carries over too
             *data,
             *RUN,
             f"init_from={pre_ckpt}",
