@@ -324,6 +324,34 @@ def test_sigterm_saves_and_exits_then_resumes_exactly(cli, tiny: list[str], tmp_
 
 
 @pytest.mark.slow
+def test_resumes_from_an_epochs_last_batch_and_again_are_exact(
+    cli, tiny: list[str], tmp_path: Path, repo_on_path
+) -> None:
+    """Batch 48 of 320 captions: 6 steps an epoch. SIGTERM after step 5 saves at the epoch's last
+    batch, from where a resumed Lightning counts its ``current_epoch`` one ahead; resumed, the run
+    is stopped again after step 8 (mid-epoch) and resumed once more. Each time it trains only the
+    steps left, on the uninterrupted run's batches shifted as they were, and it ends bit-identical."""
+    settings = ("data.batch_size=48",)
+    stopped = _whole_and_stopped(cli, tiny, tmp_path, "caption", *settings, signal_name="SIGTERM", step=5)
+    assert stopped.returncode == 128 + signal.SIGTERM, cli.describe(stopped)
+    run, last = tmp_path / "stopped", tmp_path / "stopped" / "checkpoints" / "last.ckpt"
+    assert read_checkpoint(last)["global_step"] == 6
+    fault = ("+callbacks.fault._target_=tests.helpers.SignalAtStep", "+callbacks.fault.step=8",
+             "+callbacks.fault.signal=SIGTERM")  # fmt: skip
+    again = cli.run(*_command(tiny, "caption", run, "ids-second", *settings, *fault, f"ckpt_path={last}"),
+                    cwd=tmp_path, check=False)  # fmt: skip
+    assert again.returncode == 128 + signal.SIGTERM, cli.describe(again)
+    assert read_checkpoint(last)["global_step"] == 9
+    cli.run(*_command(tiny, "caption", run, "ids-resumed", *settings, f"ckpt_path={last}"), cwd=tmp_path)
+    whole = recorded_batches(tmp_path / "whole" / "ids")
+    assert [step for step, _ in whole] == list(range(STEPS))
+    assert recorded_batches(run / "ids-first") == whole[:6]
+    assert recorded_batches(run / "ids-second") == whole[6:9]
+    assert recorded_batches(run / "ids-resumed") == whole[9:]
+    _assert_same_state(tmp_path / "whole" / "checkpoints" / "last.ckpt", last)
+
+
+@pytest.mark.slow
 def test_two_processes_resume_with_each_ones_own_random_state(
     cli, tiny: list[str], tmp_path: Path, repo_on_path
 ) -> None:

@@ -129,6 +129,7 @@ class ImageTextDataModule(L.LightningDataModule, ABC):
         self.seed = shuffle_seed  # the run's seed: the order and augmentation of training examples
         self.val_split = val_split
         self._resume_at: tuple[int, int] | None = None  # (epoch, batches done) from a checkpoint
+        self._train_sampler: ShardedBatchSampler | None = None  # the epoch it serves: resumes, shifts
 
     # --- what a source provides -------------------------------------------------------------
     @abstractmethod
@@ -239,6 +240,7 @@ class ImageTextDataModule(L.LightningDataModule, ABC):
             if self._resume_at is not None:
                 sampler.resume(*self._resume_at)
                 self._resume_at = None
+            self._train_sampler = sampler
         return serve(
             dataset,
             sampler,
@@ -276,14 +278,14 @@ class ImageTextDataModule(L.LightningDataModule, ABC):
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Lightning's hook once a batch is on the training device: its images prepared there
         (`mmtx.data.transforms.prepare_on_device`: shifted at random in training, normalised)."""
-        trainer = self.trainer
-        epoch = trainer.current_epoch if self.shift_px and trainer is not None and trainer.training else None
-        return prepare_on_device(batch, self.shift_px, self.seed, epoch)
+        trainer, sampler = self.trainer, self._train_sampler
+        training = trainer is not None and trainer.training and sampler is not None
+        return prepare_on_device(batch, self.shift_px, self.seed, sampler.epoch if training else None)
 
     # --- resuming mid-epoch ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, int]:
         """Where training is in its epoch; Lightning stores it in every checkpoint."""
-        return position_in_epoch(self.trainer)
+        return position_in_epoch(self.trainer, self._train_sampler)
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """A resumed run's first training epoch starts after the batches it had already taken."""

@@ -144,20 +144,23 @@ class SeededDataset(Dataset):
             return self.dataset[index]
 
 
-def position_in_epoch(trainer: Any) -> dict[str, int]:
-    """Where a fitting ``trainer`` is in its epoch: ``{"epoch", "batches_done"}`` ({} when it is
-    not fitting), for a data module's ``state_dict`` and a resumed sampler.
+def position_in_epoch(trainer: Any, sampler: ShardedBatchSampler | None) -> dict[str, int]:
+    """Where a fitting ``trainer`` is in the epoch ``sampler`` serves: ``{"epoch",
+    "batches_done"}`` ({} when it is not fitting), for a data module's ``state_dict`` and a
+    resumed sampler.
 
-    Lightning exposes no public count of the batches taken in the current epoch; its fit loop's
-    progress counter (``batch_progress.current.ready``) is that count, reset each epoch (tests
-    guard it: test_faults).
+    The epoch is the sampler's, the one Lightning handed it (`set_epoch`), not
+    ``trainer.current_epoch``: after a resume from a checkpoint written at an epoch's last batch,
+    Lightning's ``current_epoch`` runs one ahead of the epoch it serves. Lightning exposes no
+    public count of the batches taken in the current epoch; its fit loop's progress counter
+    (``batch_progress.current.ready``) is that count, reset each epoch (tests guard it: test_faults).
     """
     from lightning.pytorch.trainer.states import TrainerFn
 
-    if trainer is None or trainer.state.fn != TrainerFn.FITTING:
+    if trainer is None or sampler is None or trainer.state.fn != TrainerFn.FITTING:
         return {}
     batches_done = trainer.fit_loop.epoch_loop.batch_progress.current.ready
-    return {"epoch": trainer.current_epoch, "batches_done": batches_done}
+    return {"epoch": sampler.epoch, "batches_done": batches_done}
 
 
 def serve(
