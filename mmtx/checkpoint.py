@@ -338,6 +338,10 @@ def init_from(
         raise CheckpointError(f"init_from={path}: no parameter name and shape matches this model")
     module.load_state_dict({k: state[k] for k in loaded}, strict=False)
     log.info("init_from %s: loaded %d tensors, %d left as initialised", path, len(loaded), len(skipped))
+    unused = [k for k in state if k not in kept]
+    if unused:  # e.g. a learned position table where this model's positions are fixed
+        shown = ", ".join(unused[:3]) + (", ..." if len(unused) > 3 else "")
+        log.info("init_from %s: %d of its tensors fit no weight here (%s)", path, len(unused), shown)
     return loaded, skipped
 
 

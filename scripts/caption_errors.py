@@ -29,7 +29,7 @@ def scenes_of(root: Path, split: str) -> dict[int, ShapeScene]:
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         read = grid_scenes if isinstance(meta, dict) and meta.get("format") == "mmtx-grid" else shapes_val_scenes
-        return read(root, split)
+        return read(meta, split)  # the meta dict, not read again
     except OSError as error:
         raise SystemExit(f"{meta_path}: {error.strerror} (the root of a data set mmtx generated)") from None
     except (KeyError, TypeError, ValueError) as error:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import pickle
 import subprocess
 import sys
@@ -435,3 +436,16 @@ def test_encode_batch_agrees_with_encode(texts: list[str], max_length: int) -> N
         kept = row[row_mask].tolist()
         assert kept == (full if len(full) <= max_length else [*full[: max_length - 1], _BPE.eos_id])
         assert row[~row_mask].eq(_BPE.pad_id).all()
+
+
+def test_init_from_names_the_checkpoints_tensors_that_fit_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """A learned position table the new model does not have, and a layer of another shape, are
+    said in the log (they are left out, not silently dropped)."""
+    old = nn.ModuleDict({"keep": nn.Linear(4, 4), "wide": nn.Linear(4, 6)})
+    old.register_parameter("pos_table", nn.Parameter(torch.zeros(5, 4)))
+    new = nn.ModuleDict({"keep": nn.Linear(4, 4), "wide": nn.Linear(4, 8)})
+    caplog.set_level(logging.INFO, logger="mmtx")
+    loaded, skipped = init_from(new, {"state_dict": old.state_dict()}, "old.ckpt")
+    assert sorted(loaded) == ["keep.bias", "keep.weight"] and sorted(skipped) == ["wide.bias", "wide.weight"]
+    said = [r.getMessage() for r in caplog.records if "fit no weight here" in r.getMessage()]
+    assert said == ["init_from old.ckpt: 3 of its tensors fit no weight here (pos_table, wide.weight, wide.bias)"]
