@@ -345,6 +345,7 @@ def test_resumes_from_an_epochs_last_batch_and_again_are_exact(
     cli.run(*_command(tiny, "caption", run, "ids-resumed", *settings, f"ckpt_path={last}"), cwd=tmp_path)
     whole = recorded_batches(tmp_path / "whole" / "ids")
     assert [step for step, _ in whole] == list(range(STEPS))
+    assert [ids for _, ids in whole[:6]] != [ids for _, ids in whole[6:12]]  # each epoch its own order
     assert recorded_batches(run / "ids-first") == whole[:6]
     assert recorded_batches(run / "ids-second") == whole[6:9]
     assert recorded_batches(run / "ids-resumed") == whole[9:]
@@ -364,6 +365,21 @@ def test_two_processes_resume_with_each_ones_own_random_state(
     assert stopped.returncode == 128 + signal.SIGTERM, cli.describe(stopped)
     assert len(read_checkpoint(tmp_path / "stopped" / "checkpoints" / "last.ckpt")[RNG_KEY]) == 2
     _resume_and_compare(cli, tiny, tmp_path, "caption", *settings, saved_at=5, ranks=2)
+
+
+def test_lightning_hands_each_epoch_to_the_batch_sampler() -> None:
+    """Lightning calls ``set_epoch`` on a loader's ``sampler`` and ``batch_sampler.sampler`` only
+    (``_set_sampler_epoch``, at each training epoch's start): a loader on mmtx's batch sampler must
+    lead it there, or every epoch repeats the first one's order and per-example draws."""
+    from lightning.fabric.utilities.data import _set_sampler_epoch
+
+    sampler = ShardedBatchSampler(16, 4, shuffle=True, drop_last=True, seed=0)
+    loader = torch.utils.data.DataLoader(
+        SeededDataset(list(range(16)), reseed=False), batch_sampler=sampler, collate_fn=list
+    )
+    first = list(loader)
+    _set_sampler_epoch(loader, 3)
+    assert sampler.epoch == 3 and list(loader) != first
 
 
 def test_lightning_counter_for_mid_epoch_resume_counts_this_epochs_batches() -> None:

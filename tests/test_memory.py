@@ -90,11 +90,19 @@ def test_training_batches_only_are_shifted(tmp_path: Path) -> None:
 
     pixels = torch.stack([build_pixels(32, train=False)(Image.open(p)) for p in write_images(tmp_path, 3)])
     module = CocoCaptions(image_size=32, shift_px=3, tokenizer=lambda texts: None)
+    module._train_sampler = SimpleNamespace(epoch=0)  # the training loader's sampler: the epoch it serves
     for training in (True, False):
-        module.trainer = SimpleNamespace(training=training, current_epoch=0)  # what the hook reads of a Trainer
+        module.trainer = SimpleNamespace(training=training)  # what the hook reads of a Trainer
         torch.manual_seed(0)
         batch = module.on_after_batch_transfer({"images": pixels.clone()}, 0)
         assert torch.equal(batch["images"], normalize_images(pixels)) is not training
+    module.trainer = SimpleNamespace(training=True)
+    by_epoch = []
+    for epoch in (0, 1, 1):  # each image's shift comes from (seed, epoch, image id)
+        module._train_sampler.epoch = epoch
+        batch = {"images": pixels.clone(), "image_ids": torch.arange(3)}
+        by_epoch.append(module.on_after_batch_transfer(batch, 0)["images"])
+    assert not torch.equal(by_epoch[0], by_epoch[1]) and torch.equal(by_epoch[1], by_epoch[2])
     with pytest.raises(ValueError, match=r"^shift_px=16 must be an integer from 0 to image_size/2 - 1"):
         CocoCaptions(image_size=32, shift_px=16)
 

@@ -66,8 +66,15 @@ class ShardedBatchSampler(Sampler[list[tuple[int, int]]]):
         self._skip: tuple[int, int] | None = None  # (epoch, batches already taken) after a resume
 
     def set_epoch(self, epoch: int) -> None:
-        """Called by Lightning at the start of every epoch."""
+        """Called by Lightning at the start of every epoch (through :attr:`sampler`)."""
         self.epoch = epoch
+
+    @property
+    def sampler(self) -> ShardedBatchSampler:
+        """Itself. Lightning hands each training epoch's number to the ``set_epoch`` of a loader's
+        ``sampler`` and of its ``batch_sampler.sampler``; a loader built on this batch sampler has
+        torch's plain ``SequentialSampler`` as its ``sampler``, so this is where Lightning finds it."""
+        return self
 
     def resume(self, epoch: int, batches_done: int) -> None:
         """Start ``epoch`` after its first ``batches_done`` batches (once)."""
