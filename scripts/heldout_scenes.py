@@ -28,7 +28,8 @@ box ``[x, y, width, height]``). Every image depends only on the seed, its split 
 one per image) and prints one JSON line: how many captions are ``entirely_true`` (every shape
 named exists with that size, colour and kind, and every stated place and relation holds; a
 sentence outside the generator's grammar is not true), how many state a relation between two
-shapes found in the scene and how many of those hold, per relation word. ``--references``
+shapes found in the scene and how many of those hold, per relation word, and what the captions
+that are not true get wrong first (`why_not_true`). ``--references``
 scores each image's first reference caption, a check of the scorer itself (all true).
 """
 
@@ -565,6 +566,21 @@ def first_references(out: Path, split: str) -> list[tuple[int, str]]:
     return sorted(first.items())
 
 
+def why_not_true(caption: str, shapes: list[Shape]) -> str:
+    """What a caption that is not true gets wrong first: ``unparsed``; ``kind`` (a shape it names
+    is not there, though one of that size and colour is); ``size or colour`` (no shape of that
+    size and colour); else ``relation or place``."""
+    claim = read_caption(caption)
+    if claim is None:
+        return "unparsed"
+    for mention in (claim.first, claim.second):
+        if mention is None or any(mention.matches(s) for s in shapes):
+            continue
+        same = any(mention.size in (None, s.size) and mention.colour in (None, s.colour) for s in shapes)
+        return "kind" if same else "size or colour"
+    return "relation or place"
+
+
 def score(scenes: dict[int, list[Shape]], predictions: list[tuple[int, str]]) -> dict[str, Any]:
     """Scores of one caption per image; images without one count as not true."""
     seen: dict[int, str] = {}
@@ -578,9 +594,13 @@ def score(scenes: dict[int, list[Shape]], predictions: list[tuple[int, str]]) ->
             seen[image_id] = caption
     per_relation = {relation: {"said": 0, "right": 0} for relation in RELATIONS}
     true = parsed = places = 0
+    wrong: dict[str, int] = {}
     for image_id, caption in seen.items():
         verdict = judge(caption, scenes[image_id])
         true += verdict["true"]
+        if not verdict["true"]:
+            why = why_not_true(caption, scenes[image_id])
+            wrong[why] = wrong.get(why, 0) + 1
         parsed += verdict["parsed"]
         places += verdict["place"]
         if verdict["relation"] is not None:
@@ -600,6 +620,7 @@ def score(scenes: dict[int, list[Shape]], predictions: list[tuple[int, str]]) ->
         "relations_stated": stated,
         "relations_right": round(right / stated, 4) if stated else None,
         "relations": per_relation,
+        "not_true_first": dict(sorted(wrong.items())),
     }
 
 

@@ -91,6 +91,23 @@ def test_a_wrong_colour_makes_a_caption_untrue(drawn: Path, tmp_path: Path) -> N
     result = _score(drawn, [{"image_id": entry["image_id"], "caption": wrong}], tmp_path)
     assert result["entirely_true"] == 0.0 and result["captions_scored"] == 1 and result["missing"] == 7
     assert result["relations_stated"] == 0  # a shape it cannot find states no relation
+    assert result["not_true_first"] == {"size or colour": 1}
+
+
+def test_what_a_caption_gets_wrong_first() -> None:
+    module = _script()
+    circle = module.Shape("circle", "red", "small", 0, 0, (0.0, 0.0, 5.0, 5.0))
+    square = module.Shape("square", "blue", "large", 1, 2, (0.0, 0.0, 5.0, 5.0))
+    for caption, why in (
+        ("a small red star to the left of a large blue square", "kind"),
+        ("a small red circle to the left of a large blue star", "kind"),
+        ("a large red circle to the left of a large blue square", "size or colour"),
+        ("a small red circle to the right of a large blue square", "relation or place"),
+        ("a small red circle in the bottom right corner", "relation or place"),
+        ("red red red", "unparsed"),
+    ):
+        assert not module.judge(caption, [circle, square])["true"]
+        assert module.why_not_true(caption, [circle, square]) == why, caption
 
 
 def test_sentences_outside_the_grammar_are_not_true() -> None:
