@@ -1,12 +1,15 @@
 """Tiny models and test-only pieces shared by the tests."""
 
 import csv
+import importlib.util
 import json
 import math
 import os
 import signal as signal_module
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import lightning as L
@@ -15,6 +18,24 @@ from PIL import Image
 
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.models import CaptionDecoder, ImageCaptioner, VisionEncoder
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def load_script(name: str) -> ModuleType:
+    """``scripts/{name}.py`` imported as a module: registered in ``sys.modules`` while it runs (its
+    dataclasses look their module up there), with ``scripts/`` on the path (it may import a
+    neighbour)."""
+    path = SCRIPTS / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"mmtx_script_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    return module
 
 
 def tiny_captioner(pos_embed: str = "learned", vocab: int = 40, seed: int = 0, spread: float = 0.3) -> ImageCaptioner:

@@ -4,7 +4,6 @@ clearly less memory kept for the backward pass, and training runs end to end."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from mmtx.models import CaptionDecoder, ImageCaptioner, TextEncoder, VisionEncod
 from mmtx.models.pretraining import Objectives, TwoStreamPretrainer
 from mmtx.models.two_stream import TwoStreamModel
 from mmtx.nn.blocks import CrossAttentionBlock, TransformerBlock
-from tests.helpers import compose_train
+from tests.helpers import compose_train, load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_memory.py"
 DROP = dict(dropout=0.2, attn_dropout=0.2)
@@ -150,18 +149,11 @@ def test_blocks_run_twice_in_training_and_once_otherwise(monkeypatch: pytest.Mon
     )
 
 
-def load_bench() -> object:
-    spec = importlib.util.spec_from_file_location("mmtx_bench_memory", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_much_less_memory_is_kept_for_the_backward_pass() -> None:
     """The default small captioner at batch 64, 64 px: the bytes autograd keeps for the backward
     pass (weights excluded) fall below half (what is left: the blocks' inputs, the conv stem, the
     logits)."""
-    bench = load_bench()
+    bench = load_script("bench_memory")
     torch.manual_seed(0)
     model = bench.build_captioner("caption_small", 64, 24, 1000, []).train()
     images, ids = torch.randn(64, 3, 64, 64), torch.randint(3, 1000, (64, 24))

@@ -20,7 +20,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from tests.conftest import TINY_MODEL
-from tests.helpers import compose_train
+from tests.helpers import compose_train, load_script
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -130,8 +130,6 @@ def test_the_readme_says_what_a_plain_run_draws_and_where_it_writes(monkeypatch:
     """Quick start's data set, data folder and run directory are those of conf/ (shapes size,
     ``paths.data_dir``, ``hydra.run.dir``), and its figures' image counts those of
     scripts/learning_curves.py."""
-    import importlib.util
-
     from omegaconf import OmegaConf
 
     text = section("Quick start")
@@ -151,9 +149,7 @@ def test_the_readme_says_what_a_plain_run_draws_and_where_it_writes(monkeypatch:
     budget = re.search(r"'(\d\d:\d\d:\d\d:\d\d)'", cfg["trainer"]["max_time"]).group(1)
     assert f"`trainer.max_time={budget}`" in README.read_text()
 
-    spec = importlib.util.spec_from_file_location("learning_curves", README.parent / "scripts" / "learning_curves.py")
-    curves = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(curves)
+    curves = load_script("learning_curves")
     monkeypatch.setattr(sys, "argv", ["learning_curves.py"])
     args = curves.parse_args()
     assert f"**{args.num_train} training / {args.num_val} validation images**" in text

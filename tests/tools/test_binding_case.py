@@ -4,7 +4,6 @@ they claim, the probe scores the truth against the twin, and a short run prints 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import random
 import subprocess
@@ -15,25 +14,13 @@ import pytest
 import torch
 
 from mmtx.data.synthetic.scoring import relation_judgements
+from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _script():
-    path = ROOT / "scripts" / "binding_case.py"
-    spec = importlib.util.spec_from_file_location("mmtx_binding_case", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    sys.path.insert(0, str(path.parent))  # it imports relation_probe, beside it
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(path.parent))
-    return module
-
-
 def test_scenes_hold_two_related_shapes_on_both_axes() -> None:
-    case = _script()
+    case = load_script("binding_case")
     rng = random.Random(0)
     scenes = [case.two_shape_scene(rng) for _ in range(200)]
     assert all(len(s.shapes) == 2 and s.shapes[0].color != s.shapes[1].color for s in scenes)
@@ -45,7 +32,7 @@ def test_scenes_hold_two_related_shapes_on_both_axes() -> None:
 
 
 def test_outer_scenes_put_the_pair_side_by_side_in_the_outer_columns() -> None:
-    case = _script()
+    case = load_script("binding_case")
     rng = random.Random(2)
     scenes = [case.two_shape_scene(rng, outer=True) for _ in range(100)]
     assert all({col for _, col in s.cells} == {0, 2} and s.cells[0][0] == s.cells[1][0] for s in scenes)
@@ -53,7 +40,7 @@ def test_outer_scenes_put_the_pair_side_by_side_in_the_outer_columns() -> None:
 
 
 def test_token_shift_is_causal_and_keeps_the_head_tied() -> None:
-    case = _script()
+    case = load_script("binding_case")
     torch.manual_seed(0)
     model = case.build_captioner("sinusoidal", 1, 32, token_shift=2)
     assert model.decoder.lm_head.weight is model.decoder.body.token_embed.embed.weight
@@ -67,7 +54,7 @@ def test_token_shift_is_causal_and_keeps_the_head_tied() -> None:
 
 
 def test_captions_state_the_truth_and_twins_the_opposite() -> None:
-    case = _script()
+    case = load_script("binding_case")
     rng = random.Random(1)
     for _ in range(100):
         scene, first = case.two_shape_scene(rng), rng.randrange(2)
@@ -90,7 +77,7 @@ def test_captions_state_the_truth_and_twins_the_opposite() -> None:
 def test_a_mirrored_scene_is_described_by_the_mirrored_caption() -> None:
     """Mirroring the image left to right and swapping "left" and "right" keeps a caption true;
     above and below stay."""
-    case = _script()
+    case = load_script("binding_case")
     rng = random.Random(2)
     for _ in range(60):
         scene = case.two_shape_scene(rng, third=True)
@@ -106,7 +93,7 @@ def test_a_mirrored_scene_is_described_by_the_mirrored_caption() -> None:
 def test_captions_stating_a_relation_are_told_from_the_rest() -> None:
     """What --relations-first trains on first: every grid caption the relation probe can flip
     (`relation_probe.flipped`: it states one relation), and no other."""
-    case = _script()
+    case = load_script("binding_case")
     _, pools = case.draw_grid(40, 3, 32)
     texts = [t for pool in pools for t in pool]
     assert any(case.states_relation(t) for t in texts) and not all(case.states_relation(t) for t in texts)
@@ -116,7 +103,7 @@ def test_captions_stating_a_relation_are_told_from_the_rest() -> None:
 def test_steps_toward_the_grid_keep_the_claims_true() -> None:
     """A third shape in its own cell, named first; the grid scenes' own phrasing and its flipped
     twins; captions with no relation: the package's scorer agrees with what each says."""
-    case = _script()
+    case = load_script("binding_case")
     rng = random.Random(4)
     for _ in range(60):
         scene = case.two_shape_scene(rng, third=True)
@@ -138,7 +125,7 @@ def test_steps_toward_the_grid_keep_the_claims_true() -> None:
 
 
 def test_probe_prefers_what_the_model_finds_likelier() -> None:
-    case = _script()
+    case = load_script("binding_case")
     images, scenes = case.draw(8, seed=0, image_size=32)
     assert images.shape == (8, 3, 32, 32) and images.dtype == torch.uint8
     captions = [case.caption(s, 0, "relation") for s in scenes]
@@ -159,7 +146,7 @@ def test_probe_prefers_what_the_model_finds_likelier() -> None:
 
 
 def test_centre_token_holds_the_drawn_shape() -> None:
-    case = _script()
+    case = load_script("binding_case")
     images, scenes = case.draw(40, seed=3, image_size=64)
     for image, scene in zip(images, scenes):
         for k, shape in enumerate(scene.shapes):
@@ -173,7 +160,7 @@ def test_centre_token_holds_the_drawn_shape() -> None:
 
 
 def test_first_words_are_drawn_for_the_first_steps_only() -> None:
-    case = _script()
+    case = load_script("binding_case")
     assert [case.words_at(step, 3, "column", "relation") for step in range(5)] == ["column"] * 3 + ["relation"] * 2
     rng = random.Random(0)
     mixed = [case.draw_claim(rng, "mixed") for _ in range(400)]
@@ -184,7 +171,7 @@ def test_first_words_are_drawn_for_the_first_steps_only() -> None:
 def test_read_where_builds_the_decoders_option() -> None:
     from mmtx.nn import Attention, WhereCrossAttention
 
-    case = _script()
+    case = load_script("binding_case")
     for read_where in (True, False):
         model = case.build_captioner("sinusoidal", 2, 32, read_where=read_where)
         kinds = {type(block.cross_attn) for block in model.decoder.body.blocks}

@@ -4,28 +4,17 @@ the shared trained captioner's checkpoint."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from hydra.errors import ConfigCompositionException
 
-from tests.helpers import Run
-
-
-def _probe_script():
-    spec = importlib.util.spec_from_file_location(
-        "mmtx_probe_shape_kinds", Path(__file__).resolve().parents[2] / "scripts" / "probe_shape_kinds.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.helpers import Run, load_script
 
 
 def test_kind_probe_reads_kinds_present_in_the_features_not_absent_ones() -> None:
-    probe = _probe_script()
+    probe = load_script("probe_shape_kinds")
     g = torch.Generator().manual_seed(0)
     labels = (torch.rand(200, 2, generator=g) > 0.5).float()
     noise = torch.randn(200, 6, generator=g)
@@ -36,7 +25,7 @@ def test_kind_probe_reads_kinds_present_in_the_features_not_absent_ones() -> Non
 
 
 def test_kind_probe_script_trains_a_fresh_vision_stream_as_a_reference(capsys) -> None:
-    probe = _probe_script()
+    probe = load_script("probe_shape_kinds")
     assert probe.main(["--fresh", "1", "--train", "24", "--val", "12", "--image-size", "32"]) == 0
     result = json.loads(capsys.readouterr().out)
     shares = result["fresh encoder, 1 s on the kinds"]
@@ -64,7 +53,7 @@ def test_kind_probe_script_trains_a_fresh_vision_stream_as_a_reference(capsys) -
 
 
 def test_kind_probe_script_scores_a_captioner_checkpoint(trained: Run, capsys) -> None:
-    probe = _probe_script()
+    probe = load_script("probe_shape_kinds")
     assert probe.main([str(trained.last), "--train", "24", "--val", "12", "--image-size", "32"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["kinds"] == ["circle", "square", "triangle"]

@@ -3,22 +3,12 @@ prefers the truth on, and it runs on a real captioner."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
 from mmtx.data.tokenizer import Tokenizer
+from tests.helpers import load_script
 from tests.test_export import TINY_CAPTIONER, build_task
-
-
-def _script():
-    path = Path(__file__).resolve().parents[2] / "scripts" / "relation_probe.py"
-    spec = importlib.util.spec_from_file_location("mmtx_relation_probe", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize(
@@ -34,11 +24,11 @@ def _script():
     ],
 )  # fmt: skip
 def test_twin_flips_the_one_direction_word(caption: str, twin: str | None) -> None:
-    assert _script().flipped(caption) == twin
+    assert load_script("relation_probe").flipped(caption) == twin
 
 
 def test_probe_counts_the_pairs_the_scorer_prefers_the_truth_on() -> None:
-    probe = _script()
+    probe = load_script("relation_probe")
     pairs = probe.relation_pairs(40, image_size=32)
     assert pairs and all(p[0].shape == (3, 32, 32) for p in pairs)
     assert all(probe.flipped(true) == twin for _, true, twin, _ in pairs)
@@ -66,7 +56,7 @@ def test_own_scene_takes_the_words_prior_away() -> None:
     """A scorer that prefers "above" and "over" whatever the image wins every pair of those words
     and none of the others' (`by_word`), yet scores exactly chance against another scene; one
     that reads the image wins there too."""
-    probe = _script()
+    probe = load_script("relation_probe")
     pairs = probe.relation_pairs(40, image_size=32)
 
     def scene(image):  # some of its pixels: exact values, which tell the scenes apart
@@ -97,11 +87,11 @@ def test_own_scene_takes_the_words_prior_away() -> None:
      ("the red ball is under the box", "under", "'is'"), ("a red ball right of a blue box", "right", "a noun")],
 )  # fmt: skip
 def test_the_lead_is_the_word_before_the_side(caption: str, word: str, lead: str) -> None:
-    assert _script()._word_and_lead(caption) == (word, lead)
+    assert load_script("relation_probe")._word_and_lead(caption) == (word, lead)
 
 
 def test_probe_scores_a_captioner_by_its_caption_likelihoods() -> None:
-    probe = _script()
+    probe = load_script("relation_probe")
     pairs = probe.relation_pairs(12, image_size=32)
     captions = [c for p in pairs for c in p[1:3]]
     task = build_task(TINY_CAPTIONER, Tokenizer.train(captions * 3, vocab_size=80))

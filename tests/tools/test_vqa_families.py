@@ -3,7 +3,6 @@ family is scored with the official accuracy."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import subprocess
@@ -12,19 +11,13 @@ from pathlib import Path
 
 from mmtx.data.synthetic.shapes import draw_scene
 from mmtx.data.synthetic.shapes_vqa import _candidates, generate_shapes_vqa
+from tests.helpers import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "vqa_families.py"
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("vqa_families", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_every_generated_question_is_named_by_its_own_family() -> None:
-    family = _script().family
+    family = load_script("vqa_families").family
     seen = set()
     for index in range(200):
         _, _, scene = draw_scene(random.Random(f"families/{index}"), 64, num_captions=1)
@@ -39,7 +32,7 @@ def test_scores_each_family_with_the_official_accuracy(tmp_path: Path) -> None:
     questions_file, annotations_file, _ = files["val"]
     questions = json.loads(questions_file.read_text())["questions"]
     annotations = {a["question_id"]: a for a in json.loads(annotations_file.read_text())["annotations"]}
-    family = _script().family
+    family = load_script("vqa_families").family
     # right on every counting question, "purple" (wrong) on every other one
     predictions = [
         {
