@@ -29,8 +29,9 @@ one per image) and prints one JSON line: how many captions are ``entirely_true``
 named exists with that size, colour and kind, and every stated place and relation holds; a
 sentence outside the generator's grammar is not true), how many state a relation between two
 shapes found in the scene and how many of those hold, per relation word, and what the captions
-that are not true get wrong first (`why_not_true`). ``--references``
-scores each image's first reference caption, a check of the scorer itself (all true).
+that are not true get wrong first (`first_wrong`; a kind, by the size of the shape taken for
+another kind). ``--references`` scores each image's first reference caption, a check of the
+scorer itself (all true).
 """
 
 from __future__ import annotations
@@ -481,25 +482,38 @@ def read_caption(caption: str) -> Claim | None:
 
 
 def judge(caption: str, shapes: list[Shape]) -> dict[str, Any]:
-    """How one caption fares on its scene: parsed, entirely true, and its relation (if it
-    states one between two shapes found in the scene) with whether it holds."""
+    """How one caption fares on its scene: parsed, entirely true, its relation (if it states one
+    between two shapes found in the scene) with whether it holds, and ``wrong``, what a caption
+    that is not true gets wrong first (``first_wrong``; for a kind, ``wrong_size`` is the size of
+    the shape it took for another kind)."""
     claim = read_caption(caption)
     verdict: dict[str, Any] = {"parsed": claim is not None, "true": False, "relation": None, "place": False}
     if claim is None:
-        return verdict
+        return {**verdict, "wrong": "unparsed", "wrong_size": None}
     firsts = [s for s in shapes if claim.first.matches(s)]
+    seconds = [s for s in shapes if claim.second is not None and claim.second.matches(s)]
     if claim.relation is None:
         verdict["place"] = bool(firsts)
         verdict["true"] = any(
             claim.row in (None, s.row) and claim.column in (None, s.column) for s in firsts
         )  # fmt: skip
-        return verdict
-    seconds = [s for s in shapes if claim.second is not None and claim.second.matches(s)]
-    if not firsts or not seconds:
-        return verdict
-    right = any(holds(claim.relation, a, b) for a in firsts for b in seconds if a is not b)
-    verdict.update(true=right, relation=claim.relation, relation_right=right)
+    elif firsts and seconds:
+        right = any(holds(claim.relation, a, b) for a in firsts for b in seconds if a is not b)
+        verdict.update(true=right, relation=claim.relation, relation_right=right)
+    verdict["wrong"], verdict["wrong_size"] = (None, None) if verdict["true"] else first_wrong(claim, shapes)
     return verdict
+
+
+def first_wrong(claim: Claim, shapes: list[Shape]) -> tuple[str, str | None]:
+    """What a claim that is not true gets wrong first: ``kind`` (a shape it names is not there,
+    though one of that size and colour is, whose size comes second); ``size or colour`` (no shape
+    of that size and colour); else ``relation or place``."""
+    for mention in (claim.first, claim.second):
+        if mention is None or any(mention.matches(s) for s in shapes):
+            continue
+        same = [s for s in shapes if mention.size in (None, s.size) and mention.colour in (None, s.colour)]
+        return ("kind", same[0].size) if same else ("size or colour", None)
+    return "relation or place", None
 
 
 # ---------------------------------------------------------------------------------------- scoring
@@ -559,26 +573,18 @@ def load_scenes(out: Path, split: str) -> dict[int, list[Shape]]:
 
 def first_references(out: Path, split: str) -> list[tuple[int, str]]:
     """The first reference caption of each image of a split, as predictions."""
-    data = _read_json(out / f"captions_{split}.json")
+    path = out / f"captions_{split}.json"
+    data = _read_json(path)
     first: dict[int, str] = {}
-    for entry in data["annotations"]:
-        first.setdefault(entry["image_id"], entry["caption"])
+    try:
+        for entry in data["annotations"]:
+            image_id, caption = entry["image_id"], entry["caption"]
+            if not isinstance(image_id, int) or not isinstance(caption, str):
+                raise TypeError(f"annotation {entry.get('id')!r} has no int image_id and str caption")
+            first.setdefault(image_id, caption)
+    except (KeyError, TypeError, AttributeError) as err:
+        raise _refuse(path, f"not a COCO captions file ({type(err).__name__}: {err})") from None
     return sorted(first.items())
-
-
-def why_not_true(caption: str, shapes: list[Shape]) -> str:
-    """What a caption that is not true gets wrong first: ``unparsed``; ``kind`` (a shape it names
-    is not there, though one of that size and colour is); ``size or colour`` (no shape of that
-    size and colour); else ``relation or place``."""
-    claim = read_caption(caption)
-    if claim is None:
-        return "unparsed"
-    for mention in (claim.first, claim.second):
-        if mention is None or any(mention.matches(s) for s in shapes):
-            continue
-        same = any(mention.size in (None, s.size) and mention.colour in (None, s.colour) for s in shapes)
-        return "kind" if same else "size or colour"
-    return "relation or place"
 
 
 def score(scenes: dict[int, list[Shape]], predictions: list[tuple[int, str]]) -> dict[str, Any]:
@@ -595,12 +601,14 @@ def score(scenes: dict[int, list[Shape]], predictions: list[tuple[int, str]]) ->
     per_relation = {relation: {"said": 0, "right": 0} for relation in RELATIONS}
     true = parsed = places = 0
     wrong: dict[str, int] = {}
+    kind_by_size = dict.fromkeys(SIZES, 0)
     for image_id, caption in seen.items():
         verdict = judge(caption, scenes[image_id])
         true += verdict["true"]
-        if not verdict["true"]:
-            why = why_not_true(caption, scenes[image_id])
-            wrong[why] = wrong.get(why, 0) + 1
+        if verdict["wrong"] is not None:
+            wrong[verdict["wrong"]] = wrong.get(verdict["wrong"], 0) + 1
+        if verdict["wrong"] == "kind":
+            kind_by_size[verdict["wrong_size"]] += 1
         parsed += verdict["parsed"]
         places += verdict["place"]
         if verdict["relation"] is not None:
@@ -621,6 +629,7 @@ def score(scenes: dict[int, list[Shape]], predictions: list[tuple[int, str]]) ->
         "relations_right": round(right / stated, 4) if stated else None,
         "relations": per_relation,
         "not_true_first": dict(sorted(wrong.items())),
+        "kind_first_wrong_by_size": kind_by_size,
     }
 
 
@@ -628,6 +637,8 @@ def score(scenes: dict[int, list[Shape]], predictions: list[tuple[int, str]]) ->
 
 
 def _draw(args: argparse.Namespace) -> None:
+    if args.seed < 0:
+        raise SystemExit(f"--seed {args.seed}: give a seed of 0 or more")
     for name, count in (("--train", args.train), ("--val", args.val)):
         if not 0 <= count <= MAX_IMAGES:
             raise SystemExit(f"{name} {count}: give 0 to {MAX_IMAGES} images")
@@ -688,7 +699,9 @@ def main(argv: list[str] | None = None) -> None:
         "colour and kind and every place and relation stated holds (a sentence outside the generator's "
         "grammar is not true; images without a caption count as not true). relations_stated: captions "
         "relating two shapes found in the scene; relations_right: the fraction of those that hold, and "
-        "per relation word how many were said and right.",
+        "per relation word how many were said and right; not_true_first: what the others get wrong first "
+        "(unparsed, kind, size or colour, relation or place), and kind_first_wrong_by_size the size of the "
+        "shape taken for another kind.",
     )
     scoring.add_argument("out", type=Path, metavar="OUT", help="a folder written by draw")
     scoring.add_argument("predictions", type=Path, nargs="?", help="COCO results JSON (at most 50 MB)")

@@ -4,7 +4,6 @@ seed draws the same files."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -13,16 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import load_script
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "heldout_scenes.py"
 MIRROR = {"left": "right", "right": "left", "above": "below", "below": "above", "over": "under", "under": "over"}
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("heldout_scenes", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while being made
-    spec.loader.exec_module(module)
-    return module
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -58,7 +51,7 @@ def test_references_are_entirely_true(drawn: Path) -> None:
     assert result["entirely_true"] == 1.0
     assert result["relations_stated"] > 0 and result["relations_right"] == 1.0
 
-    module = _script()
+    module = load_script("heldout_scenes")
     for split in ("train", "val"):
         scenes = module.load_scenes(drawn, split)
         for entry in _captions(drawn, split):  # every reference, not only the first
@@ -78,7 +71,7 @@ def test_mirrored_relations_are_all_wrong(drawn: Path, tmp_path: Path) -> None:
 
 
 def test_a_wrong_colour_makes_a_caption_untrue(drawn: Path, tmp_path: Path) -> None:
-    module = _script()
+    module = load_script("heldout_scenes")
     scenes = module.load_scenes(drawn, "val")
     entry = _captions(drawn)[0]
     shapes = scenes[entry["image_id"]]
@@ -92,26 +85,31 @@ def test_a_wrong_colour_makes_a_caption_untrue(drawn: Path, tmp_path: Path) -> N
     assert result["entirely_true"] == 0.0 and result["captions_scored"] == 1 and result["missing"] == 7
     assert result["relations_stated"] == 0  # a shape it cannot find states no relation
     assert result["not_true_first"] == {"size or colour": 1}
+    assert result["kind_first_wrong_by_size"] == {"small": 0, "large": 0}
 
 
 def test_what_a_caption_gets_wrong_first() -> None:
-    module = _script()
+    module = load_script("heldout_scenes")
     circle = module.Shape("circle", "red", "small", 0, 0, (0.0, 0.0, 5.0, 5.0))
     square = module.Shape("square", "blue", "large", 1, 2, (0.0, 0.0, 5.0, 5.0))
-    for caption, why in (
-        ("a small red star to the left of a large blue square", "kind"),
-        ("a small red circle to the left of a large blue star", "kind"),
-        ("a large red circle to the left of a large blue square", "size or colour"),
-        ("a small red circle to the right of a large blue square", "relation or place"),
-        ("a small red circle in the bottom right corner", "relation or place"),
-        ("red red red", "unparsed"),
+    for caption, why, size in (
+        ("a small red star to the left of a large blue square", "kind", "small"),
+        ("a small red circle to the left of a large blue star", "kind", "large"),
+        ("a red star to the left of a large blue square", "kind", "small"),
+        ("a large red circle to the left of a large blue square", "size or colour", None),
+        ("a small red circle to the right of a large blue square", "relation or place", None),
+        ("a small red circle in the bottom right corner", "relation or place", None),
+        ("red red red", "unparsed", None),
     ):
-        assert not module.judge(caption, [circle, square])["true"]
-        assert module.why_not_true(caption, [circle, square]) == why, caption
+        verdict = module.judge(caption, [circle, square])
+        assert not verdict["true"] and (verdict["wrong"], verdict["wrong_size"]) == (why, size), caption
+    result = module.score({1: [circle, square]}, [(1, "a small red star to the left of a large blue square")])
+    assert result["not_true_first"] == {"kind": 1} and result["kind_first_wrong_by_size"] == {"small": 1, "large": 0}
+    assert module.judge("a small red circle to the left of a large blue square", [circle, square])["wrong"] is None
 
 
 def test_sentences_outside_the_grammar_are_not_true() -> None:
-    module = _script()
+    module = load_script("heldout_scenes")
     shape = module.Shape("circle", "red", "small", 0, 0, (0.0, 0.0, 5.0, 5.0))
     other = module.Shape("square", "blue", "large", 1, 2, (0.0, 0.0, 5.0, 5.0))
     assert module.judge("A small red circle to the left of a large blue square.", [shape, other])["true"]
@@ -166,12 +164,32 @@ def test_bad_predictions_are_refused_in_one_line(drawn: Path, tmp_path: Path, co
     assert done.stderr.strip().count("\n") == 0 and str(path) in done.stderr
 
 
+@pytest.mark.parametrize(
+    "annotations",
+    [{"images": []}, {"annotations": [{"image_id": 1}]}, {"annotations": [{"image_id": "1", "caption": "x"}]}],
+)
+def test_a_malformed_references_file_is_refused_in_one_line(drawn: Path, tmp_path: Path, annotations: dict) -> None:
+    out = tmp_path / "copy"
+    out.mkdir()
+    (out / "scenes_val.json").write_bytes((drawn / "scenes_val.json").read_bytes())
+    (out / "captions_val.json").write_text(json.dumps(annotations))
+    done = _run("score", str(out), "--references")
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "captions_val.json" in done.stderr
+
+
+def test_a_negative_seed_is_refused_in_one_line(tmp_path: Path) -> None:
+    done = _run("draw", str(tmp_path / "out"), "--seed", "-1", "--train", "1", "--val", "1")
+    assert done.returncode != 0 and done.stderr.strip() == "--seed -1: give a seed of 0 or more"
+    assert not (tmp_path / "out").exists()
+
+
 def test_an_oversized_predictions_file_is_refused(drawn: Path, tmp_path: Path) -> None:
     path = tmp_path / "huge.json"
     with path.open("wb") as file:
         file.truncate(50 * 1024 * 1024 + 1)
     with pytest.raises(SystemExit, match="huge.json"):
-        _script().load_predictions(path)
+        load_script("heldout_scenes").load_predictions(path)
 
 
 def test_the_same_seed_draws_the_same_files(drawn: Path, tmp_path: Path) -> None:
