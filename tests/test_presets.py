@@ -160,6 +160,26 @@ def test_shapes_presets_carry_their_data_settings_to_a_users_files(preset: str, 
         assert cfg.task.lr == 2e-3
 
 
+def test_shapes_captioning_mirrors_and_nothing_else_does() -> None:
+    """The shapes scenes' captions name a side with "left" and "right" alone, so their captioning
+    runs mirror with those words swapped; pretraining on them, and a user's own files, are not
+    mirrored (their captions may name a side in other words)."""
+    sides = [["left", "right"]]
+    assert compose_train([]).data.mirror_words == sides
+    assert compose_train(["experiment=caption_shapes"]).data.mirror_words == sides
+    assert compose_train(["task=caption_scst"]).data.mirror_words == sides
+    for unmirrored in (
+        ["task=pretrain"],
+        ["experiment=pretrain_shapes"],
+        ["experiment=caption_shapes", "data=coco"],
+        ["data=grid"],
+        ["experiment=caption_places"],
+        ["data=karpathy"],
+        ["data=webdataset"],
+    ):
+        assert compose_train(unmirrored).data.mirror_words is None, unmirrored
+
+
 # docs/gpu.md: the overrides that log images per second with Lightning's ThroughputMonitor
 THROUGHPUT = [
     "+callbacks.throughput._target_=lightning.pytorch.callbacks.ThroughputMonitor",

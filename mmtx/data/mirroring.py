@@ -1,10 +1,12 @@
 """Mirroring training images left to right with captions that stay true.
 
-A plain horizontal flip makes "the ball left of the box" false, which is why mmtx flips
-nothing by default. Swapping the words that name a side as the image is mirrored keeps every
-caption true and shows the model each scene with its sides exchanged, as referring-expression
-models train (MDETR, TransVG: flip the image, swap "left" and "right" in the text). Only the
-words listed swap: a caption that names a side another way ("on the east") is mirrored false.
+A plain horizontal flip makes "the ball left of the box" false, which is why mmtx flips none
+of your own data by default (only the shapes scenes' captioning runs mirror: their captions name
+sides with "left" and "right" alone). Swapping the words that name a side as the image is
+mirrored keeps every caption true and shows the model each scene with its sides exchanged, as
+referring-expression models train (MDETR, TransVG: flip the image, swap "left" and "right" in
+the text). Only the words listed swap: a caption that names a side another way ("on the
+east") is mirrored false.
 """
 
 from __future__ import annotations
