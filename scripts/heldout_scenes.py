@@ -29,8 +29,8 @@ one per image) and prints one JSON line: how many captions are ``entirely_true``
 named exists with that size, colour and kind, and every stated place and relation holds; a
 sentence outside the generator's grammar is not true), how many state a relation between two
 shapes found in the scene and how many of those hold, per relation word, and what the captions
-that are not true get wrong first (`first_wrong`; a kind, by the size of the shape taken for
-another kind). ``--references`` scores each image's first reference caption, a check of the
+that are not true get wrong first (``not_true_first``; for a kind, ``kind_first_wrong_by_size``
+counts the sizes of the shapes taken for another kind). ``--references`` scores each image's first reference caption, a check of the
 scorer itself (all true).
 """
 
@@ -483,9 +483,9 @@ def read_caption(caption: str) -> Claim | None:
 
 def judge(caption: str, shapes: list[Shape]) -> dict[str, Any]:
     """How one caption fares on its scene: parsed, entirely true, its relation (if it states one
-    between two shapes found in the scene) with whether it holds, and ``wrong``, what a caption
-    that is not true gets wrong first (``first_wrong``; for a kind, ``wrong_size`` is the size of
-    the shape it took for another kind)."""
+    between two shapes found in the scene) with whether it holds, and what a caption that is not
+    true gets wrong first (``wrong`` and ``wrong_size``, from ``first_wrong``; both None for a
+    true caption)."""
     claim = read_caption(caption)
     verdict: dict[str, Any] = {"parsed": claim is not None, "true": False, "relation": None, "place": False}
     if claim is None:
@@ -506,13 +506,16 @@ def judge(caption: str, shapes: list[Shape]) -> dict[str, Any]:
 
 def first_wrong(claim: Claim, shapes: list[Shape]) -> tuple[str, str | None]:
     """What a claim that is not true gets wrong first: ``kind`` (a shape it names is not there,
-    though one of that size and colour is, whose size comes second); ``size or colour`` (no shape
-    of that size and colour); else ``relation or place``."""
+    though one of that size and colour is), returned with the size of the shape it took for
+    another kind (``either`` when it states no size and the scene has both); ``size or colour``
+    (no shape of that size and colour); else ``relation or place``."""
     for mention in (claim.first, claim.second):
         if mention is None or any(mention.matches(s) for s in shapes):
             continue
-        same = [s for s in shapes if mention.size in (None, s.size) and mention.colour in (None, s.colour)]
-        return ("kind", same[0].size) if same else ("size or colour", None)
+        sizes = {s.size for s in shapes if mention.size in (None, s.size) and mention.colour in (None, s.colour)}
+        if not sizes:
+            return "size or colour", None
+        return "kind", sizes.pop() if len(sizes) == 1 else "either"
     return "relation or place", None
 
 
@@ -551,7 +554,7 @@ def load_predictions(path: Path) -> list[tuple[int, str]]:
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:
         raise _refuse(path, f"cannot read it ({type(err).__name__}); was it written by `draw`?") from None
 
 
@@ -560,7 +563,7 @@ def load_scenes(out: Path, split: str) -> dict[int, list[Shape]]:
     path = out / f"scenes_{split}.json"
     data = _read_json(path)
     try:
-        return {
+        scenes = {
             entry["image_id"]: [
                 Shape(s["kind"], s["colour"], s["size"], s["row"], s["column"], tuple(s["box"]))
                 for s in entry["shapes"]
@@ -569,21 +572,27 @@ def load_scenes(out: Path, split: str) -> dict[int, list[Shape]]:
         }
     except (KeyError, TypeError) as err:
         raise _refuse(path, f"not a scenes file of `draw` ({type(err).__name__}: {err})") from None
+    for image_id, shapes in scenes.items():
+        for shape in shapes:
+            if shape.kind not in KINDS or shape.colour not in COLOURS or shape.size not in SIZES:
+                raise _refuse(path, f"image {image_id!r} has a shape `draw` does not draw: {shape.words()!r}")
+    return scenes
 
 
 def first_references(out: Path, split: str) -> list[tuple[int, str]]:
     """The first reference caption of each image of a split, as predictions."""
     path = out / f"captions_{split}.json"
     data = _read_json(path)
+    annotations = data.get("annotations") if isinstance(data, dict) else None
+    if not isinstance(annotations, list) or not annotations:
+        raise _refuse(path, "not a COCO captions file: no list of annotations")
     first: dict[int, str] = {}
-    try:
-        for entry in data["annotations"]:
-            image_id, caption = entry["image_id"], entry["caption"]
-            if not isinstance(image_id, int) or not isinstance(caption, str):
-                raise TypeError(f"annotation {entry.get('id')!r} has no int image_id and str caption")
-            first.setdefault(image_id, caption)
-    except (KeyError, TypeError, AttributeError) as err:
-        raise _refuse(path, f"not a COCO captions file ({type(err).__name__}: {err})") from None
+    for k, entry in enumerate(annotations):
+        image_id = entry.get("image_id") if isinstance(entry, dict) else None
+        caption = entry.get("caption") if isinstance(entry, dict) else None
+        if not isinstance(image_id, int) or isinstance(image_id, bool) or not isinstance(caption, str):
+            raise _refuse(path, f"annotation {k} is not an object with an int image_id and a str caption")
+        first.setdefault(image_id, caption)
     return sorted(first.items())
 
 
@@ -601,7 +610,7 @@ def score(scenes: dict[int, list[Shape]], predictions: list[tuple[int, str]]) ->
     per_relation = {relation: {"said": 0, "right": 0} for relation in RELATIONS}
     true = parsed = places = 0
     wrong: dict[str, int] = {}
-    kind_by_size = dict.fromkeys(SIZES, 0)
+    kind_by_size = dict.fromkeys((*SIZES, "either"), 0)
     for image_id, caption in seen.items():
         verdict = judge(caption, scenes[image_id])
         true += verdict["true"]

@@ -23,9 +23,9 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
 def load_script(name: str) -> ModuleType:
-    """``scripts/{name}.py`` imported as a module: registered in ``sys.modules`` while it runs (its
-    dataclasses look their module up there), with ``scripts/`` on the path (it may import a
-    neighbour)."""
+    """``scripts/{name}.py`` imported afresh as a module (each call runs it again): registered in
+    ``sys.modules`` as ``mmtx_script_{name}`` (its dataclasses look their module up there), with
+    ``scripts/`` on the path while it runs (it may import a neighbour)."""
     path = SCRIPTS / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"mmtx_script_{name}", path)
     module = importlib.util.module_from_spec(spec)
@@ -33,6 +33,9 @@ def load_script(name: str) -> ModuleType:
     sys.path.insert(0, str(SCRIPTS))
     try:
         spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[spec.name]
+        raise
     finally:
         sys.path.remove(str(SCRIPTS))
     return module

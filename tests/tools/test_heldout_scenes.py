@@ -85,7 +85,7 @@ def test_a_wrong_colour_makes_a_caption_untrue(drawn: Path, tmp_path: Path) -> N
     assert result["entirely_true"] == 0.0 and result["captions_scored"] == 1 and result["missing"] == 7
     assert result["relations_stated"] == 0  # a shape it cannot find states no relation
     assert result["not_true_first"] == {"size or colour": 1}
-    assert result["kind_first_wrong_by_size"] == {"small": 0, "large": 0}
+    assert result["kind_first_wrong_by_size"] == {"small": 0, "large": 0, "either": 0}
 
 
 def test_what_a_caption_gets_wrong_first() -> None:
@@ -103,8 +103,11 @@ def test_what_a_caption_gets_wrong_first() -> None:
     ):
         verdict = module.judge(caption, [circle, square])
         assert not verdict["true"] and (verdict["wrong"], verdict["wrong_size"]) == (why, size), caption
+    red_square = module.Shape("square", "red", "large", 2, 2, (0.0, 0.0, 5.0, 5.0))
+    assert module.judge("a red star in the middle", [circle, red_square])["wrong_size"] == "either"  # no size said
     result = module.score({1: [circle, square]}, [(1, "a small red star to the left of a large blue square")])
-    assert result["not_true_first"] == {"kind": 1} and result["kind_first_wrong_by_size"] == {"small": 1, "large": 0}
+    assert result["not_true_first"] == {"kind": 1}
+    assert result["kind_first_wrong_by_size"] == {"small": 1, "large": 0, "either": 0}
     assert module.judge("a small red circle to the left of a large blue square", [circle, square])["wrong"] is None
 
 
@@ -165,17 +168,30 @@ def test_bad_predictions_are_refused_in_one_line(drawn: Path, tmp_path: Path, co
 
 
 @pytest.mark.parametrize(
-    "annotations",
-    [{"images": []}, {"annotations": [{"image_id": 1}]}, {"annotations": [{"image_id": "1", "caption": "x"}]}],
-)
-def test_a_malformed_references_file_is_refused_in_one_line(drawn: Path, tmp_path: Path, annotations: dict) -> None:
+    "content",
+    ['{"images": []}', '{"annotations": []}', '{"annotations": [{"image_id": 1}]}', '[1]',
+     '{"annotations": [{"image_id": "1", "caption": "x"}]}', '{"annotations": [{"image_id": true, "caption": "x"}]}',
+     "[" * 100_000],
+)  # fmt: skip
+def test_a_malformed_references_file_is_refused_in_one_line(drawn: Path, tmp_path: Path, content: str) -> None:
     out = tmp_path / "copy"
     out.mkdir()
     (out / "scenes_val.json").write_bytes((drawn / "scenes_val.json").read_bytes())
-    (out / "captions_val.json").write_text(json.dumps(annotations))
+    (out / "captions_val.json").write_text(content)
     done = _run("score", str(out), "--references")
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert done.stderr.strip().count("\n") == 0 and "captions_val.json" in done.stderr
+
+
+def test_a_scene_of_shapes_draw_does_not_draw_is_refused_in_one_line(drawn: Path, tmp_path: Path) -> None:
+    scenes = json.loads((drawn / "scenes_val.json").read_text())
+    scenes["images"][0]["shapes"][0]["size"] = "huge"
+    out = tmp_path / "copy"
+    out.mkdir()
+    (out / "scenes_val.json").write_text(json.dumps(scenes))
+    done = _run("score", str(out), "--references")
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "scenes_val.json" in done.stderr and "huge" in done.stderr
 
 
 def test_a_negative_seed_is_refused_in_one_line(tmp_path: Path) -> None:
