@@ -6,8 +6,9 @@ The data modules split the pipeline in two: loader workers resize to uint8 (`bui
 batches are normalised where they arrive, on the training device (`normalize_images`): a uint8
 batch is a quarter of the bytes to pass between processes and to the GPU.
 
-There is deliberately no horizontal flip, even for training: captions and questions talk
-about "left of" and "right of", and a flip would silently make them false.
+There is deliberately no plain horizontal flip, even for training: captions and questions talk
+about "left of" and "right of", and a flip would silently make them false. Caption data mirrors
+with those words swapped instead (`mmtx.data.mirroring`, ``data.mirror_words``).
 """
 
 from __future__ import annotations
