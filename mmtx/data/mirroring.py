@@ -50,7 +50,7 @@ class Mirror:
 
     def __call__(self, image: Tensor, texts: list[str]) -> tuple[Tensor, list[str]]:
         """(image, texts) as they are, or mirrored: the image (C, H, W) flipped along its width."""
-        if torch.rand(()) < 0.5:
+        if torch.rand(1).tolist()[0] < 0.5:  # drawn as a Python number, as the shifts are
             return image, texts
         return image.flip(-1), [self.words(t) for t in texts]
 
