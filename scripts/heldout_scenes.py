@@ -30,8 +30,8 @@ named exists with that size, colour and kind, and every stated place and relatio
 sentence outside the generator's grammar is not true), how many state a relation between two
 shapes found in the scene and how many of those hold, per relation word, and what the captions
 that are not true get wrong first (``not_true_first``; for a kind, ``kind_first_wrong_by_size``
-counts the sizes of the shapes taken for another kind). ``--references`` scores each image's first reference caption, a check of the
-scorer itself (all true).
+counts the sizes of the shapes taken for another kind). ``--references`` scores each image's
+first reference caption, a check of the scorer itself (all true).
 """
 
 from __future__ import annotations
@@ -541,12 +541,17 @@ def load_predictions(path: Path) -> list[tuple[int, str]]:
         raise _refuse(path, f"not valid JSON ({type(err).__name__}: {str(err)[:200]})") from None
     if not isinstance(data, list):
         raise _refuse(path, f"predictions are a JSON list of {{image_id, caption}}, not a {type(data).__name__}")
+    return _pairs(path, data, "entry")
+
+
+def _pairs(path: Path, entries: list, what: str) -> list[tuple[int, str]]:
+    """(image id, caption) of each entry, or SystemExit naming the first that is not one."""
     pairs = []
-    for k, entry in enumerate(data):
+    for k, entry in enumerate(entries):
         image_id = entry.get("image_id") if isinstance(entry, dict) else None
         caption = entry.get("caption") if isinstance(entry, dict) else None
         if not isinstance(image_id, int) or isinstance(image_id, bool) or not isinstance(caption, str):
-            raise _refuse(path, f"entry {k} is not an object with an int image_id and a str caption")
+            raise _refuse(path, f"{what} {k} is not an object with an int image_id and a str caption")
         pairs.append((image_id, caption))
     return pairs
 
@@ -587,11 +592,7 @@ def first_references(out: Path, split: str) -> list[tuple[int, str]]:
     if not isinstance(annotations, list) or not annotations:
         raise _refuse(path, "not a COCO captions file: no list of annotations")
     first: dict[int, str] = {}
-    for k, entry in enumerate(annotations):
-        image_id = entry.get("image_id") if isinstance(entry, dict) else None
-        caption = entry.get("caption") if isinstance(entry, dict) else None
-        if not isinstance(image_id, int) or isinstance(image_id, bool) or not isinstance(caption, str):
-            raise _refuse(path, f"annotation {k} is not an object with an int image_id and a str caption")
+    for image_id, caption in _pairs(path, annotations, "annotation"):
         first.setdefault(image_id, caption)
     return sorted(first.items())
 
