@@ -157,6 +157,41 @@ def test_group_norm_stem_sees_each_image_alone_and_batch_norm_does_not() -> None
         VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, stem="conv", stem_norm="instance")
 
 
+def test_stem_channels_set_each_conv_layer_and_wrong_counts_are_refused() -> None:
+    """``stem_channels`` names each stride-2 layer's width; the 1x1 map takes the last of them.
+    A list that does not match the layers the patch size needs is refused, naming the key."""
+    from mmtx.models import VisionEncoder
+
+    images = torch.randn(2, 3, 32, 32)
+    default = VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, stem="conv")
+    assert [m.out_channels for m in default.patch_embed.stem if isinstance(m, torch.nn.Conv2d)] == [8, 8, 16]
+    wide = VisionEncoder(
+        image_size=32,
+        patch_size=8,
+        dim=32,
+        depth=1,
+        num_heads=2,
+        stem="conv",
+        stem_norm="group",
+        stem_channels=[24, 40, 56],
+    )
+    convs = [m for m in wide.patch_embed.stem if isinstance(m, torch.nn.Conv2d)]
+    assert [(c.in_channels, c.out_channels, c.stride) for c in convs] == [
+        (3, 24, (2, 2)),
+        (24, 40, (2, 2)),
+        (40, 56, (2, 2)),
+    ]
+    assert wide.patch_embed.proj.in_channels == 56
+    assert wide(images).shape == default(images).shape == (2, 1 + 16, 32)
+    with pytest.raises(ValueError, match=r"stem_channels=\[8, 16, 32\] are the conv stem's; stem='patch' has none"):
+        VisionEncoder(
+            image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, stem="patch", stem_channels=[8, 16, 32]
+        )
+    for bad in ([32, 64], [8, 16, 32, 64], [16, 0, 32], [16, True, 32]):
+        with pytest.raises(ValueError, match=r"stem_channels takes 3 positive ints at patch_size=8 .* got \["):
+            VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, stem="conv", stem_channels=bad)
+
+
 def test_axial_attention_reads_along_rows_and_columns_only() -> None:
     torch.manual_seed(0)
     vit = VisionEncoder(image_size=32, patch_size=8, dim=16, depth=1, num_heads=4, attention="axial").eval()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 
@@ -38,6 +40,8 @@ class VisionEncoder(nn.Module):
             to the patch grid, then a 1x1 map: `mmtx.nn.embeddings.conv_stem`).
         stem_norm: the conv stem's normalisation: ``batch`` (BatchNorm: statistics of the batch,
             per process under data parallelism) or ``group`` (each image's own: GroupNorm).
+        stem_channels: the conv stem's channels, one per stride-2 layer; None: doubling up to
+            ``dim / 2``.
         attention: ``full`` (every head reads every token) or ``axial`` (half the heads read
             along the query's row of patches, the others along its column, all of them the
             CLS token: Ho et al. 2019's axial attention within each block): two patches on one
@@ -64,6 +68,7 @@ class VisionEncoder(nn.Module):
         pos_antialias: bool = False,
         stem: str = "patch",
         stem_norm: str = "batch",
+        stem_channels: Sequence[int] | None = None,
         attention: str = "full",
     ) -> None:
         super().__init__()
@@ -89,7 +94,7 @@ class VisionEncoder(nn.Module):
             )
         self.dim, self.num_heads, self.image_size, self.attention = dim, num_heads, image_size, attention
         self.norm_first, self.pos_antialias = norm_first, pos_antialias
-        self.patch_embed = PatchEmbed(patch_size, in_chans, dim, stem, stem_norm)
+        self.patch_embed = PatchEmbed(patch_size, in_chans, dim, stem, stem_norm, stem_channels)
         self.grid_size = self.patch_embed.grid(image_size, image_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         num_patches = self.grid_size[0] * self.grid_size[1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -24,18 +25,30 @@ def check_position_kind(kind: str, key: str = "pos_embed") -> str:
 class PatchEmbed(nn.Module):
     """Image (B, C, H, W) -> patch tokens (B, N, dim) by a strided convolution."""
 
-    def __init__(self, patch_size: int, in_chans: int, dim: int, stem: str = "patch", stem_norm: str = "batch") -> None:
+    def __init__(
+        self,
+        patch_size: int,
+        in_chans: int,
+        dim: int,
+        stem: str = "patch",
+        stem_norm: str = "batch",
+        stem_channels: Sequence[int] | None = None,
+    ) -> None:
         super().__init__()
         if stem not in STEMS:
             raise ArgumentError(f"{{stem!r}} must be one of {', '.join(STEMS)}", stem=stem)
         if stem_norm not in STEM_NORMS:
             raise ArgumentError(f"{{stem_norm!r}} must be one of {', '.join(STEM_NORMS)}", stem_norm=stem_norm)
         self.patch_size = patch_size
+        if stem == "patch" and stem_channels is not None:
+            raise ArgumentError(
+                "{stem_channels} are the conv stem's; {stem!r} has none", stem_channels=stem_channels, stem=stem
+            )
         if stem == "patch":  # ViT: one linear map of each patch's pixels
             self.stem = nn.Identity()
             self.proj = nn.Conv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size)
         else:  # Xiao et al. 2021, "Early convolutions help transformers see better"
-            self.stem, width = conv_stem(patch_size, in_chans, dim, stem_norm)
+            self.stem, width = conv_stem(patch_size, in_chans, dim, stem_norm, stem_channels)
             self.proj = nn.Conv2d(width, dim, kernel_size=1)
 
     def grid(self, height: int, width: int) -> tuple[int, int]:
@@ -62,19 +75,30 @@ STEM_NORMS = {
 }
 
 
-def conv_stem(patch_size: int, in_chans: int, dim: int, norm: str = "batch") -> tuple[nn.Sequential, int]:
+def conv_stem(
+    patch_size: int, in_chans: int, dim: int, norm: str = "batch", channels: Sequence[int] | None = None
+) -> tuple[nn.Sequential, int]:
     """3x3 stride-2 convolutions, each followed by a normalisation (``STEM_NORMS``) and GELU, down
-    to the patch grid, channels doubling up to ``dim / 2`` (Xiao et al. 2021): local edges and
-    corners are seen before attention, which makes a small ViT learn shapes from little data faster
-    than a linear patch map. He-initialised and normalised, so the image reaches the transformer at
-    full strength (PyTorch's default init shrinks it about tenfold over three layers). Returns
-    (stem, out channels)."""
+    to the patch grid, channels doubling up to ``dim / 2`` (Xiao et al. 2021) unless ``channels``
+    names each layer's: local edges and corners are seen before attention, which makes a small ViT
+    learn shapes from little data faster than a linear patch map. He-initialised and normalised, so
+    the image reaches the transformer at full strength (PyTorch's default init shrinks it about
+    tenfold over three layers). Returns (stem, out channels)."""
     steps = patch_size.bit_length() - 1
     if patch_size < 2 or 2**steps != patch_size:
         raise ArgumentError(
             "{stem} needs a power-of-two patch_size, got {patch_size}", stem="conv", patch_size=patch_size
         )
-    widths = [max(8, dim // 2 ** (steps - i)) for i in range(steps)]  # ..., dim/4, dim/2
+    if channels is None:
+        widths = [max(8, dim // 2 ** (steps - i)) for i in range(steps)]  # ..., dim/4, dim/2
+    else:
+        widths = list(channels)
+        if len(widths) != steps or not all(type(c) is int and c > 0 for c in widths):
+            raise ArgumentError(
+                f"{{stem_channels!k}} takes {steps} positive ints at patch_size={patch_size} "
+                f"(one per stride-2 layer), got {{stem_channels!v}}",
+                stem_channels=widths,
+            )
     layers: list[nn.Module] = []
     for c_in, c_out in zip([in_chans, *widths[:-1]], widths):
         conv = nn.Conv2d(c_in, c_out, kernel_size=3, stride=2, padding=1, bias=False)
