@@ -290,7 +290,7 @@ def _differences(saved: Any, new: Any, key: str) -> list[str]:
             for k in sorted(set(saved) | set(new), key=str)
             for line in _differences(saved.get(k, _ABSENT), new.get(k, _ABSENT), f"{key}.{k}")
         ]
-    if saved == new:
+    if saved == new or (saved is _ABSENT and new is None):  # a setting added since, left at its default
         return []
     return [f"{key}: {_shown(saved)} in the checkpoint, {_shown(new)} now"]
 

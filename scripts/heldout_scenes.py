@@ -544,7 +544,7 @@ def load_predictions(path: Path) -> list[tuple[int, str]]:
     return _pairs(path, data, "entry")
 
 
-def _pairs(path: Path, entries: list, what: str) -> list[tuple[int, str]]:
+def _pairs(path: Path, entries: list[Any], what: str) -> list[tuple[int, str]]:
     """(image id, caption) of each entry, or SystemExit naming the first that is not one."""
     pairs = []
     for k, entry in enumerate(entries):

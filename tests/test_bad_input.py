@@ -535,6 +535,21 @@ def test_resume_with_another_model_size_names_the_keys(mmtx_checkpoint: Path) ->
     )
 
 
+def test_resume_from_before_a_setting_existed_is_quiet_at_its_default(
+    mmtx_checkpoint: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A checkpoint written before a model setting existed lacks its key; the config's null (the
+    constructor's default) is no change worth a warning, and any other value is."""
+    ckpt = read_checkpoint(mmtx_checkpoint)
+    del ckpt["hyper_parameters"]["model"]["encoder"]["stem_channels"]
+    target = "mmtx.tasks.caption.CaptionTask"
+    with caplog.at_level(logging.WARNING, logger="mmtx.checkpoint"):
+        check_resume(ckpt, mmtx_checkpoint, target, tiny_model_config())
+        assert "changed model settings" not in caplog.text
+        check_resume(ckpt, mmtx_checkpoint, target, tiny_model_config("model.encoder.stem_channels=[8,8,16]"))
+    assert "model.encoder.stem_channels: absent in the checkpoint, [8, 8, 16] now" in caplog.text
+
+
 # --- tokenizer files that load but could not work ---------------------------------------------
 
 

@@ -96,7 +96,10 @@ def test_pretrained_captioner_config_passes_and_missing_weights_are_named(tmp_pa
         (["model.encoder.pos_embed=alibi"], "model.encoder.pos_embed='alibi' is not one of learned, sinusoidal, rope"),
         (["model.encoder.attention=diagonal"], "model.encoder.attention='diagonal' is not one of full, axial"),
         (["model.encoder.stem_channels=[16,32]"],
-         "model.encoder.stem_channels takes 3 positive ints at patch_size=8 (one per stride-2 layer), got [16, 32]"),
+         "model.encoder.stem_channels takes 3 positive ints at model.encoder.patch_size=8 (one per stride-2 layer), "
+         "got [16, 32]"),
+        (["model.encoder.stem_channels=64"],
+         "model.encoder.stem_channels takes 3 positive ints at model.encoder.patch_size=8 (one per stride-2 layer), got 64"),
         (["model.encoder.attention=axial", "model.encoder.num_heads=1"],
          "model.encoder.attention='axial' needs at least 2 heads (rows and columns), got model.encoder.num_heads=1"),
         (["model.encoder.pos_embed=rope", "model.encoder.num_heads=64"],

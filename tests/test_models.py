@@ -187,8 +187,10 @@ def test_stem_channels_set_each_conv_layer_and_wrong_counts_are_refused() -> Non
         VisionEncoder(
             image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, stem="patch", stem_channels=[8, 16, 32]
         )
-    for bad in ([32, 64], [8, 16, 32, 64], [16, 0, 32], [16, True, 32]):
-        with pytest.raises(ValueError, match=r"stem_channels takes 3 positive ints at patch_size=8 .* got \["):
+    for bad in ([32, 64], [8, 16, 32, 64], [16, 0, 32], [16, True, 32], 64, "abc"):
+        with pytest.raises(
+            ValueError, match=r"^stem_channels takes 3 positive ints at patch_size=8 \(one per stride-2 layer\), got "
+        ):
             VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, stem="conv", stem_channels=bad)
 
 

@@ -92,12 +92,13 @@ def conv_stem(
     if channels is None:
         widths = [max(8, dim // 2 ** (steps - i)) for i in range(steps)]  # ..., dim/4, dim/2
     else:
-        widths = list(channels)
+        widths = list(channels) if isinstance(channels, Sequence) and not isinstance(channels, str) else []
         if len(widths) != steps or not all(type(c) is int and c > 0 for c in widths):
             raise ArgumentError(
-                f"{{stem_channels!k}} takes {steps} positive ints at patch_size={patch_size} "
-                f"(one per stride-2 layer), got {{stem_channels!v}}",
-                stem_channels=widths,
+                f"{{stem_channels!k}} takes {steps} positive ints at {{patch_size}} "
+                "(one per stride-2 layer), got {stem_channels!v}",
+                stem_channels=channels,
+                patch_size=patch_size,
             )
     layers: list[nn.Module] = []
     for c_in, c_out in zip([in_chans, *widths[:-1]], widths):

@@ -183,6 +183,20 @@ def test_a_malformed_references_file_is_refused_in_one_line(drawn: Path, tmp_pat
     assert done.stderr.strip().count("\n") == 0 and "captions_val.json" in done.stderr
 
 
+def test_the_first_bad_entry_of_either_file_is_named(drawn: Path, tmp_path: Path) -> None:
+    good, bad = {"image_id": 1, "caption": "x"}, {"image_id": True, "caption": "y"}
+    predictions = tmp_path / "predictions.json"
+    predictions.write_text(json.dumps([good, good, bad]))
+    done = _run("score", str(drawn), str(predictions))
+    assert "entry 2 is not an object with an int image_id and a str caption" in done.stderr
+    out = tmp_path / "copy"
+    out.mkdir()
+    (out / "scenes_val.json").write_bytes((drawn / "scenes_val.json").read_bytes())
+    (out / "captions_val.json").write_text(json.dumps({"annotations": [good, bad]}))
+    done = _run("score", str(out), "--references")
+    assert "annotation 1 is not an object with an int image_id and a str caption" in done.stderr
+
+
 def test_a_scene_of_shapes_draw_does_not_draw_is_refused_in_one_line(drawn: Path, tmp_path: Path) -> None:
     scenes = json.loads((drawn / "scenes_val.json").read_text())
     scenes["images"][0]["shapes"][0]["size"] = "huge"
