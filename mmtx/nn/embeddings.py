@@ -40,11 +40,11 @@ class PatchEmbed(nn.Module):
         if stem_norm not in STEM_NORMS:
             raise ArgumentError(f"{{stem_norm!r}} must be one of {', '.join(STEM_NORMS)}", stem_norm=stem_norm)
         self.patch_size = patch_size
-        if stem == "patch" and stem_channels is not None:
-            raise ArgumentError(
-                "{stem_channels} are the conv stem's; {stem!r} has none", stem_channels=stem_channels, stem=stem
-            )
         if stem == "patch":  # ViT: one linear map of each patch's pixels
+            if stem_channels is not None:
+                raise ArgumentError(
+                    "{stem_channels} are the conv stem's; {stem!r} has none", stem_channels=stem_channels, stem=stem
+                )
             self.stem = nn.Identity()
             self.proj = nn.Conv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size)
         else:  # Xiao et al. 2021, "Early convolutions help transformers see better"
