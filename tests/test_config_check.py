@@ -125,6 +125,7 @@ def test_pretrained_captioner_config_passes_and_missing_weights_are_named(tmp_pa
         (["task=pretrain", "task.objectives.mask_prob=1.5"], "task.objectives.mask_prob=1.5 must be a number in [0, 1]"),
         (["task=pretrain", "model.itc_pool=max"], "model.itc_pool='max' must be one of cls, mean"),
         (["task=vqa", "task.num_answers=0"], "task.num_answers=0 must be a positive integer"),
+        (["task.word_weights={circle:0}"], "task.word_weights: 'circle' takes a positive finite number, got 0"),
         (["data=karpathy"], "data.annotations is not set (??? in the config): give it, e.g. data.annotations=..."),
         (["model=caption_pretrained"], "model.encoder.pretrained is not set (??? in the config)"),
     ],

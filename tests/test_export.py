@@ -107,6 +107,19 @@ def test_captioner_export_loads_back_identical_without_lightning(tmp_path: Path,
     assert result.returncode == 0 and result.stdout.strip() == "ImageCaptioner", result.stderr[-2000:]
 
 
+def test_a_captioner_with_its_own_stem_channels_exports_and_loads_back(tmp_path: Path, wordpiece: Tokenizer) -> None:
+    """The stem's channels are a config list: the export stores them and rebuilds the same layers."""
+    task = build_task([*TINY_CAPTIONER, "model.encoder.stem=conv", "model.encoder.stem_channels=[8,16,24]"], wordpiece)
+    out = export_task(task, tmp_path / "export")
+    assert json.loads((out / "config.json").read_text())["model"]["encoder"]["stem_channels"] == [8, 16, 24]
+    model, _, _ = load_exported(out)
+    convs = [m for m in model.encoder.patch_embed.stem if isinstance(m, torch.nn.Conv2d)]
+    assert [c.out_channels for c in convs] == [8, 16, 24]
+    images, ids, _ = inputs(wordpiece)
+    with torch.no_grad():
+        assert torch.equal(model(images, ids), task.model(images, ids))
+
+
 def test_the_machines_decoding_layout_is_not_exported(tmp_path: Path, wordpiece: Tokenizer) -> None:
     """few_row_products is the decoding CPU's choice: not written, and an older export's value (the
     then-default true) is dropped on loading, so the machine that decodes decides."""

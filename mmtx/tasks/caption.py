@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -10,6 +12,8 @@ import torch
 
 from mmtx.attention_maps import attention_grid, caption_maps
 from mmtx.config_build import build
+from mmtx.config_error import ArgumentError
+from mmtx.data.tokenizer import Tokenizer
 from mmtx.data.transforms import IMAGENET_MEAN, IMAGENET_STD, normalize_images
 from mmtx.generation import GenerationConfig, generate
 from mmtx.metrics.caption import caption_metrics, constant_baseline
@@ -32,6 +36,9 @@ class CaptionTask(Task):
         warmup_ratio, min_lr_ratio: linear warm-up over this fraction of the steps, then cosine
             decay to ``min_lr_ratio * lr``.
         label_smoothing: cross-entropy label smoothing (pads are always ignored).
+        word_weights: the training loss's weight of each listed word's tokens, others 1 (e.g. the
+            words that name a shape's kind: the mistakes that remain); ``train/loss`` is then the
+            weighted mean, ``val/loss`` stays the plain one.
         generation: :class:`GenerationConfig` fields used for validation captions
             (``max_new_tokens: null`` = up to the decoder's ``max_length``).
         num_samples: validation images kept (with their captions) for loggers to show.
@@ -52,6 +59,7 @@ class CaptionTask(Task):
         warmup_ratio: float = 0.05,
         min_lr_ratio: float = 0.01,
         label_smoothing: float = 0.1,
+        word_weights: dict[str, float] | None = None,
         generation: dict | None = None,
         num_samples: int = 16,
         freeze: dict | None = None,
@@ -63,6 +71,8 @@ class CaptionTask(Task):
             model, key="model", decoder={"vocab_size": self.tokenizer.vocab_size, "pad_id": self.tokenizer.pad_id}
         )
         self.check_text_length("decoder", self.model.decoder.max_length)
+        check_word_weights(word_weights)
+        self.token_weights: torch.Tensor | None = None  # (vocab,), set when the fit starts
         generation = dict(generation or {})
         if generation.get("max_new_tokens") is None:  # as long as the decoder's positions allow
             generation["max_new_tokens"] = self.model.decoder.max_length - 1
@@ -71,14 +81,22 @@ class CaptionTask(Task):
         self.choose_trainable()
 
     # --- training ------------------------------------------------------------------------------
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        # spelt by the run's vocabulary, which the start-up check only has a stand-in for
+        weights = token_weights(self.tokenizer, self.hparams.word_weights)
+        self.token_weights = None if weights is None else weights.to(self.device)
+
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         """The loss summed over the batch's target tokens (`Task.summed_loss`): each optimizer step
         then trains on the mean over all its tokens, as one batch holding every process's and
         micro-batch's captions would, though captions of different lengths give the processes and
         micro-batches different numbers of tokens."""
-        pad_id = self.tokenizer.pad_id
-        tokens = (batch["input_ids"][:, 1:] != pad_id).sum()
-        loss = self.model.loss(batch["images"], batch["input_ids"], pad_id, self.hparams.label_smoothing)
+        pad_id, weights = self.tokenizer.pad_id, self.token_weights
+        targets = batch["input_ids"][:, 1:]
+        real = targets != pad_id
+        tokens = real.sum() if weights is None else weights[targets][real].sum()  # the mean's denominator
+        loss = self.model.loss(batch["images"], batch["input_ids"], pad_id, self.hparams.label_smoothing, weights)
         return self.summed_loss(loss * tokens, tokens)
 
     # --- captions ------------------------------------------------------------------------------
@@ -150,6 +168,34 @@ class CaptionTask(Task):
         evaluated = {o["image_id"]: o["references"] for o in self.val_outputs if o["references"]}
         caption, metrics = constant_baseline(datamodule.references("train"), evaluated)
         return f"the same caption for every image: {caption!r}", metrics
+
+
+def check_word_weights(word_weights: Mapping[str, float] | None) -> None:
+    """Refuses a weight that is not a positive finite number, naming ``word_weights``."""
+    for word, weight in (word_weights or {}).items():
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
+            raise ArgumentError(f"{{word_weights!k}}: {word!r} takes a positive finite number, got {weight!r}",
+                                word_weights=word_weights)  # fmt: skip
+
+
+def token_weights(tokenizer: Tokenizer, word_weights: Mapping[str, float] | None) -> torch.Tensor | None:
+    """A loss weight per token id (vocab,): each word's weight on its token, 1 elsewhere; None
+    when no word is weighted. A word must be one token of the vocabulary where a caption has it
+    (after a space, as byte-level BPE spells it): a word spelt in pieces, or as [UNK], is refused,
+    since its pieces are other words' too; so is a weight `check_word_weights` refuses."""
+    check_word_weights(word_weights)
+    if not word_weights:
+        return None
+    weights = torch.ones(tokenizer.vocab_size)
+    lead = tokenizer.encode("a", add_special=False)
+    for word, weight in word_weights.items():
+        ids = tokenizer.encode(f"a {word}", add_special=False)
+        if ids[: len(lead)] != lead or len(ids) != len(lead) + 1 or ids[-1] == tokenizer.unk_id:
+            pieces = [tokenizer.backend.id_to_token(i) for i in ids[len(lead) :]]
+            raise ArgumentError(f"{{word_weights!k}}: {word!r} is not one token of the run's vocabulary, "
+                                f"which spells it {pieces}", word_weights=word_weights)  # fmt: skip
+        weights[ids[-1]] = float(weight)
+    return weights
 
 
 def _to_uint8(image: torch.Tensor) -> torch.Tensor:
