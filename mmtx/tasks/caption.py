@@ -72,6 +72,12 @@ class CaptionTask(Task):
         )
         self.check_text_length("decoder", self.model.decoder.max_length)
         check_word_weights(word_weights)
+        if word_weights and label_smoothing:  # torch spreads the smoothing by the vocabulary's weights
+            raise ArgumentError(
+                "{word_weights!k} needs no label smoothing, got {label_smoothing}: torch's would favour the weighted words",
+                word_weights=word_weights,
+                label_smoothing=label_smoothing,
+            )
         self.token_weights: torch.Tensor | None = None  # (vocab,), set when the fit starts
         generation = dict(generation or {})
         if generation.get("max_new_tokens") is None:  # as long as the decoder's positions allow
@@ -171,7 +177,9 @@ class CaptionTask(Task):
 
 
 def check_word_weights(word_weights: Mapping[str, float] | None) -> None:
-    """Refuses a weight that is not a positive finite number, naming ``word_weights``."""
+    """Refuses what is not a map of words to positive finite numbers, naming ``word_weights``."""
+    if word_weights is not None and not isinstance(word_weights, Mapping):
+        raise ArgumentError("{word_weights} must map words to weights, e.g. {{circle: 3}}", word_weights=word_weights)
     for word, weight in (word_weights or {}).items():
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
             raise ArgumentError(f"{{word_weights!k}}: {word!r} takes a positive finite number, got {weight!r}",
@@ -182,7 +190,9 @@ def token_weights(tokenizer: Tokenizer, word_weights: Mapping[str, float] | None
     """A loss weight per token id (vocab,): each word's weight on its token, 1 elsewhere; None
     when no word is weighted. A word must be one token of the vocabulary where a caption has it
     (after a space, as byte-level BPE spells it): a word spelt in pieces, or as [UNK], is refused,
-    since its pieces are other words' too; so is a weight `check_word_weights` refuses."""
+    since its pieces are other words' too; so is a weight `check_word_weights` refuses. A cased
+    or byte-level vocabulary spells a capitalised word, or one that opens a caption, as another
+    token, which keeps weight 1."""
     check_word_weights(word_weights)
     if not word_weights:
         return None

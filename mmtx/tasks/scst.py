@@ -99,6 +99,9 @@ class SelfCriticalTask(CaptionTask):
 
     def __init__(self, *args: Any, scst: dict | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if self.hparams.get("word_weights"):  # a cross-entropy setting: the reward has no words to weigh
+            raise ArgumentError("{word_weights} weighs cross-entropy, which self-critical training does not use",
+                                word_weights=self.hparams.word_weights)  # fmt: skip
         self.scst = Scst(**(scst or {}))
         self._reward: CorpusCider | None = None
 
