@@ -36,8 +36,8 @@ class CaptionTask(Task):
         warmup_ratio, min_lr_ratio: linear warm-up over this fraction of the steps, then cosine
             decay to ``min_lr_ratio * lr``.
         label_smoothing: cross-entropy label smoothing (pads are always ignored).
-        word_weights: the training loss's weight of each listed word's tokens, others 1 (e.g. the
-            words that name a shape's kind: the mistakes that remain); ``train/loss`` is then the
+        word_weights: the training loss's weight of each listed word's token, others 1 (e.g. the
+            words that carry a caption's claims: kinds and relations); ``train/loss`` is then the
             weighted mean, ``val/loss`` stays the plain one.
         generation: :class:`GenerationConfig` fields used for validation captions
             (``max_new_tokens: null`` = up to the decoder's ``max_length``).
