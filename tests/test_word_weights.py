@@ -87,3 +87,37 @@ def test_a_word_the_runs_vocabulary_cannot_spell_is_refused_when_the_fit_starts(
     task = caption_task(tokenizer, {"circle": 3.0, "zebra": 3.0})  # the start-up check has no vocabulary yet
     with pytest.raises(ArgumentError, match="word_weights: 'zebra' is not one token of the run's vocabulary"):
         task.on_fit_start()
+
+
+def test_a_word_weighs_the_same_capitalised_but_not_as_a_piece_of_another() -> None:
+    cased = ["circle above a square", "Circle left of a square", "a Circle", "the Circle", "a bluecircle"] * 5
+    bpe = Tokenizer.train(CAPTIONS * 5 + cased, vocab_size=300, kind="bpe", lowercase=False)
+    spellings = ["Ġcircle", "ĠCircle", "circle"]  # inside a caption, capitalised, opening one or inside a word
+    ids = [bpe.backend.token_to_id(token) for token in spellings]
+    assert None not in ids and len(set(ids)) == 3  # each one token of this vocabulary
+    assert bpe.backend.id_to_token(bpe.encode("a bluecircle", add_special=False)[-1]) == "circle"  # a piece
+    weights = token_weights(bpe, {"circle": 2})
+    assert weights[ids].tolist() == [2.0, 2.0, 1.0] and int((weights != 1).sum()) == 2
+
+
+def test_the_validation_loss_stays_unweighted(tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    images = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    ids, _ = tokenizer.encode_batch(CAPTIONS, max_length=16)
+    batch = {"images": images, "input_ids": ids, "image_ids": torch.arange(3), "references": [[c] for c in CAPTIONS]}
+    plain, weighted = caption_task(tokenizer, None), caption_task(tokenizer, {"circle": 3.0, "red": 5.0})
+    weighted.load_state_dict(plain.state_dict())
+    losses = []
+    for task in (plain, weighted):
+        task.on_fit_start()
+        task.samples, task.val_outputs = [], []
+        logged = {}
+        monkeypatch.setattr(task, "log", lambda name, value, **kwargs: logged.__setitem__(name, value))
+        with torch.no_grad():
+            task.validation_step(batch, 0)
+        losses.append(logged["val/loss"])
+    targets = ids[:, 1:]
+    with torch.no_grad():
+        logits = plain.model(images, ids[:, :-1])
+    mean = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=tokenizer.pad_id)
+    assert weighted.token_weights is not None
+    assert torch.allclose(losses[0], mean, rtol=1e-5) and torch.allclose(losses[1], mean, rtol=1e-5)

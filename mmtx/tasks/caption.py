@@ -36,7 +36,7 @@ class CaptionTask(Task):
         warmup_ratio, min_lr_ratio: linear warm-up over this fraction of the steps, then cosine
             decay to ``min_lr_ratio * lr``.
         label_smoothing: cross-entropy label smoothing (pads are always ignored).
-        word_weights: the training loss's weight of each listed word's token, others 1 (e.g. the
+        word_weights: the training loss's weight of each listed word's tokens, others 1 (e.g. the
             words that carry a caption's claims: kinds and relations); ``train/loss`` is then the
             weighted mean, ``val/loss`` stays the plain one.
         generation: :class:`GenerationConfig` fields used for validation captions
@@ -187,24 +187,35 @@ def check_word_weights(word_weights: Mapping[str, float] | None) -> None:
 
 
 def token_weights(tokenizer: Tokenizer, word_weights: Mapping[str, float] | None) -> torch.Tensor | None:
-    """A loss weight per token id (vocab,): each word's weight on its token, 1 elsewhere; None
+    """A loss weight per token id (vocab,): each word's weight on its tokens, 1 elsewhere; None
     when no word is weighted. A word must be one token of the vocabulary where a caption has it
     (after a space, as byte-level BPE spells it): a word spelt in pieces, or as [UNK], is refused,
     since its pieces are other words' too; so is a weight `check_word_weights` refuses. A cased
-    or byte-level vocabulary spells a capitalised word, or one that opens a caption, as another
-    token, which keeps weight 1."""
+    vocabulary's token for the word capitalised weighs the same where it is one token. Byte-level
+    BPE spells a word opening a caption as it spells a piece inside other words ("circle" in
+    "semicircle"), so that token keeps weight 1."""
     check_word_weights(word_weights)
     if not word_weights:
         return None
     weights = torch.ones(tokenizer.vocab_size)
     lead = tokenizer.encode("a", add_special=False)
+
+    def inside(text: str) -> list[int]:  # the ids that spell `text` inside a caption, after "a "
+        ids = tokenizer.encode(f"a {text}", add_special=False)
+        return ids[len(lead) :] if ids[: len(lead)] == lead else [tokenizer.unk_id]  # "a" merged into it
+
+    def one_token(ids: list[int]) -> bool:
+        return len(ids) == 1 and ids[0] != tokenizer.unk_id
+
     for word, weight in word_weights.items():
-        ids = tokenizer.encode(f"a {word}", add_special=False)
-        if ids[: len(lead)] != lead or len(ids) != len(lead) + 1 or ids[-1] == tokenizer.unk_id:
-            pieces = [tokenizer.backend.id_to_token(i) for i in ids[len(lead) :]]
+        ids = inside(word)
+        if not one_token(ids):
+            pieces = [tokenizer.backend.id_to_token(i) for i in ids]
             raise ArgumentError(f"{{word_weights!k}}: {word!r} is not one token of the run's vocabulary, "
                                 f"which spells it {pieces}", word_weights=word_weights)  # fmt: skip
-        weights[ids[-1]] = float(weight)
+        weights[ids[0]] = float(weight)
+        if one_token(capital := inside(word.capitalize())):
+            weights[capital[0]] = float(weight)
     return weights
 
 
