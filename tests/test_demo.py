@@ -141,3 +141,23 @@ def test_vqa_page_answers_with_scores_and_a_map_and_names_what_it_refuses(tmp_pa
     assert demo.answer(str(image), "   ") == ("**Type a question.**", {}, None)
     status, answers, heat = demo.answer(str(text), "what color?")
     assert status.startswith("**Not an image we can read:**") and answers == {} and heat is None
+
+
+@pytest.mark.parametrize(
+    ("generation", "first"),
+    [({}, ("greedy", 3)), ({"num_beams": 5}, ("beam search", 5)), ({"num_beams": 12}, ("beam search", 8)),
+     ({"do_sample": True}, ("sampling", 3))],
+)  # fmt: skip
+def test_the_caption_page_opens_on_the_checkpoints_own_decoding(generation: dict, first: tuple[str, int]) -> None:
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from mmtx.cli.demo import Demo
+    from mmtx.data.tokenizer import Tokenizer
+    from tests.helpers import compose_train
+
+    cfg = compose_train(["data.image_size=32", "paths.output_dir=/unused"])
+    tokenizer = Tokenizer.train(["a red circle", "a blue square"], vocab_size=60)
+    task = instantiate(cfg.task, model=OmegaConf.to_container(cfg.model, resolve=True), tokenizer=tokenizer.to_str(),
+                       generation=generation, _recursive_=False, _convert_="all")  # fmt: skip
+    assert Demo(task).decoding() == first

@@ -57,6 +57,12 @@ class Demo:
             raise ImageLoadError(path, "uploads are deleted after an hour: upload the image again")
         return self.resize(read_image(path, self.max_pixels))
 
+    def decoding(self) -> tuple[str, int]:
+        """The page's first decoding and beam count: the checkpoint's own (3 beams offered if greedy)."""
+        own = self.task.generation
+        first = "sampling" if own.do_sample else "beam search" if own.num_beams > 1 else "greedy"
+        return first, min(own.num_beams, 8) if own.num_beams > 1 else 3
+
     @torch.no_grad()
     def caption(self, path: str | None, decoding: str, beams: int, temperature: float, top_p: float):
         """(status, caption, the words to pick from, the first word's heat map, every word's map)."""
@@ -120,8 +126,9 @@ def build_page(demo: Demo) -> Any:
                 )
                 status = gr.Markdown(elem_id="status")
                 if isinstance(demo.task, CaptionTask):
-                    decoding = gr.Radio(list(DECODING), value="greedy", label="Decoding")
-                    beams = gr.Slider(1, 8, value=3, step=1, label="Beams (beam search)")
+                    first, width = demo.decoding()
+                    decoding = gr.Radio(list(DECODING), value=first, label="Decoding")
+                    beams = gr.Slider(1, 8, value=width, step=1, label="Beams (beam search)")
                     temperature = gr.Slider(0.1, 2.0, value=1.0, label="Temperature (sampling)")
                     top_p = gr.Slider(0.1, 1.0, value=0.9, label="Top-p (sampling)")
                     run = gr.Button("Caption", variant="primary", elem_id="run")
