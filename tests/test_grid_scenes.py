@@ -354,24 +354,46 @@ def test_the_place_warm_up_trains_the_presets_captioner_on_place_captions() -> N
     assert steps.trainer.max_time is None  # a step budget turns the deadline off, as in every preset
 
 
+def test_the_relations_preset_is_the_captioner_preset_with_the_second_stages_settings() -> None:
+    """experiment=caption_relations is experiment=caption_shapes on the COCO files, started from the
+    place warm-up where the presets' first command writes it, for 6 minutes: its vocabulary grown by
+    the captions' words, its images mirrored and shifted, its captions decoded by beam search; the
+    model, the rest of the task and of the data are the captioner preset's."""
+    unused = ["paths.output_dir=/unused", "paths.data_dir=/unused"]
+    second = compose_train(["experiment=caption_relations", *unused])
+    shapes = compose_train(["experiment=caption_shapes", "data=coco", *unused])
+    assert second.init_from == "runs/places/checkpoints/last.ckpt" and second.tokenizer.add_words is True
+    assert second.trainer.max_time == "00:00:06:00"
+    assert second.data.mirror_words == [["left", "right"]] and second.data.shift_px == 4
+    assert second.task.generation.num_beams == 5
+    assert OmegaConf.to_container(second.model, resolve=True) == OmegaConf.to_container(shapes.model, resolve=True)
+    mine, preset = ({key: OmegaConf.to_container(cfg[key], resolve=True) for key in ("task", "data")}
+                    for cfg in (second, shapes))  # fmt: skip
+    for cfg in (mine, preset):
+        del cfg["task"]["generation"]["num_beams"], cfg["data"]["mirror_words"], cfg["data"]["shift_px"]
+    assert mine == preset
+
+
 @pytest.mark.slow
-def test_place_captions_first_then_relations_as_the_preset_says(cli, tiny: list[str], tmp_path: Path) -> None:
-    """The preset's two commands: a captioner trained on place captions starts one on relation
-    captions, whose vocabulary keeps the first run's words (same ids) and adds its own."""
+def test_place_captions_first_then_relations_as_the_presets_say(cli, tiny: list[str], tmp_path: Path) -> None:
+    """The presets' two commands: a captioner trained on place captions starts one on relation
+    captions, found where the first wrote it, whose vocabulary keeps the first run's words (same
+    ids) and adds its own."""
     common = [*tiny, "trainer.max_epochs=null", "trainer.max_steps=2", "logger=none"]
-    cli.run("mmtx-train", "experiment=caption_places", *common, f"hydra.run.dir={tmp_path / 'places'}", cwd=tmp_path)
-    warm = tmp_path / "places" / "checkpoints" / "last.ckpt"
+    cli.run("mmtx-train", "experiment=caption_places", *common, "hydra.run.dir=runs/places", cwd=tmp_path)
+    warm = tmp_path / "runs" / "places" / "checkpoints" / "last.ckpt"  # where the relations preset looks
     cli.run(
-        "mmtx-train", "experiment=caption_shapes", "data=grid", *common, "seed=1", f"init_from={warm}",
-        "tokenizer.add_words=true", f"hydra.run.dir={tmp_path / 'relations'}", cwd=tmp_path,
+        "mmtx-train", "experiment=caption_relations", "data=grid", *common, "seed=1",
+        "task.word_weights={left:3,right:3}", "hydra.run.dir=runs/relations", cwd=tmp_path,
     )  # fmt: skip
     before, after = (
-        Tokenizer.from_file(tmp_path / run / "tokenizer.json").backend.get_vocab() for run in ("places", "relations")
+        Tokenizer.from_file(tmp_path / "runs" / run / "tokenizer.json").backend.get_vocab()
+        for run in ("places", "relations")
     )
     assert "top" in before and "above" not in before  # place words only
     assert {w: after[w] for w in before} == before and "above" in after
     started, trained = (
-        read_checkpoint(path)["state_dict"] for path in (warm, tmp_path / "relations" / "checkpoints" / "last.ckpt")
+        read_checkpoint(path)["state_dict"] for path in (warm, tmp_path / "runs/relations/checkpoints/last.ckpt")
     )
     encoder = [k for k in started if k.startswith("model.encoder.")]
     # two small steps from the warm-up's weights, not a new draw of seed 1's (about 0.02 apart)

@@ -163,11 +163,13 @@ def test_shapes_presets_carry_their_data_settings_to_a_users_files(preset: str, 
 def test_shapes_captioning_mirrors_and_nothing_else_does() -> None:
     """The shapes scenes' captions name a side with "left" and "right" alone, so their captioning
     runs mirror with those words swapped; pretraining on them, and a user's own files, are not
-    mirrored (their captions may name a side in other words)."""
+    mirrored (their captions may name a side in other words), except in the relations preset,
+    whose captions state sides."""
     sides = [["left", "right"]]
     assert compose_train([]).data.mirror_words == sides
     assert compose_train(["experiment=caption_shapes"]).data.mirror_words == sides
     assert compose_train(["task=caption_scst"]).data.mirror_words == sides
+    assert compose_train(["experiment=caption_relations"]).data.mirror_words == sides  # the recipe's second stage
     for unmirrored in (
         ["task=pretrain"],
         ["experiment=pretrain_shapes"],
