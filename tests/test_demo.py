@@ -145,14 +145,16 @@ def test_vqa_page_answers_with_scores_and_a_map_and_names_what_it_refuses(tmp_pa
 
 @pytest.mark.parametrize(
     ("generation", "first"),
-    [({}, ("greedy", 3)), ({"num_beams": 5}, ("beam search", 5)), ({"num_beams": 12}, ("beam search", 8)),
-     ({"do_sample": True}, ("sampling", 3))],
+    [({}, ("greedy", 3, 1.0, 1.0)), ({"num_beams": 5}, ("beam search", 5, 1.0, 1.0)),
+     ({"num_beams": 12}, ("beam search", 8, 1.0, 1.0)),
+     ({"do_sample": True, "temperature": 0.7, "top_p": 0.8}, ("sampling", 3, 0.7, 0.8))],
 )  # fmt: skip
-def test_the_caption_page_opens_on_the_checkpoints_own_decoding(generation: dict, first: tuple[str, int]) -> None:
+def test_the_caption_page_opens_on_the_checkpoints_own_decoding(generation: dict, first: tuple) -> None:
+    gr = pytest.importorskip("gradio", reason="pip install 'mmtx[demo]'")
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from mmtx.cli.demo import Demo
+    from mmtx.cli.demo import Demo, build_page
     from mmtx.data.tokenizer import Tokenizer
     from tests.helpers import compose_train
 
@@ -160,4 +162,7 @@ def test_the_caption_page_opens_on_the_checkpoints_own_decoding(generation: dict
     tokenizer = Tokenizer.train(["a red circle", "a blue square"], vocab_size=60)
     task = instantiate(cfg.task, model=OmegaConf.to_container(cfg.model, resolve=True), tokenizer=tokenizer.to_str(),
                        generation=generation, _recursive_=False, _convert_="all")  # fmt: skip
-    assert Demo(task).decoding() == first
+    controls = {block.label: block.value for block in build_page(Demo(task)).blocks.values()
+                if isinstance(block, gr.Radio | gr.Slider)}  # fmt: skip
+    labels = ["Decoding", "Beams (beam search)", "Temperature (sampling)", "Top-p (sampling)"]
+    assert tuple(controls[label] for label in labels) == first

@@ -57,11 +57,17 @@ class Demo:
             raise ImageLoadError(path, "uploads are deleted after an hour: upload the image again")
         return self.resize(read_image(path, self.max_pixels))
 
-    def decoding(self) -> tuple[str, int]:
-        """The page's first decoding and beam count: the checkpoint's own (3 beams offered if greedy)."""
+    def decoding(self) -> dict[str, Any]:
+        """The page's first decoding settings: the checkpoint's own, within the sliders' ranges
+        (3 beams offered where it does not search with beams)."""
         own = self.task.generation
         first = "sampling" if own.do_sample else "beam search" if own.num_beams > 1 else "greedy"
-        return first, min(own.num_beams, 8) if own.num_beams > 1 else 3
+        return {
+            "decoding": first,
+            "beams": min(own.num_beams, 8) if own.num_beams > 1 else 3,
+            "temperature": min(max(own.temperature, 0.1), 2.0),
+            "top_p": min(max(own.top_p, 0.1), 1.0),
+        }
 
     @torch.no_grad()
     def caption(self, path: str | None, decoding: str, beams: int, temperature: float, top_p: float):
@@ -126,11 +132,11 @@ def build_page(demo: Demo) -> Any:
                 )
                 status = gr.Markdown(elem_id="status")
                 if isinstance(demo.task, CaptionTask):
-                    first, width = demo.decoding()
-                    decoding = gr.Radio(list(DECODING), value=first, label="Decoding")
-                    beams = gr.Slider(1, 8, value=width, step=1, label="Beams (beam search)")
-                    temperature = gr.Slider(0.1, 2.0, value=1.0, label="Temperature (sampling)")
-                    top_p = gr.Slider(0.1, 1.0, value=0.9, label="Top-p (sampling)")
+                    first = demo.decoding()
+                    decoding = gr.Radio(list(DECODING), value=first["decoding"], label="Decoding")
+                    beams = gr.Slider(1, 8, value=first["beams"], step=1, label="Beams (beam search)")
+                    temperature = gr.Slider(0.1, 2.0, value=first["temperature"], label="Temperature (sampling)")
+                    top_p = gr.Slider(0.1, 1.0, value=first["top_p"], label="Top-p (sampling)")
                     run = gr.Button("Caption", variant="primary", elem_id="run")
                 else:
                     question = gr.Textbox(label="Question", placeholder="what color is the circle?", elem_id="question")

@@ -214,7 +214,7 @@ def token_weights(tokenizer: Tokenizer, word_weights: Mapping[str, float] | None
             raise ArgumentError(f"{{word_weights!k}}: {word!r} is not one token of the run's vocabulary, "
                                 f"which spells it {pieces}", word_weights=word_weights)  # fmt: skip
         weights[ids[0]] = float(weight)
-        if one_token(capital := inside(word.capitalize())):
+        if one_token(capital := inside(word[:1].upper() + word[1:])):
             weights[capital[0]] = float(weight)
     return weights
 
