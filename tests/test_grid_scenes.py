@@ -356,14 +356,17 @@ def test_the_place_warm_up_trains_the_presets_captioner_on_place_captions() -> N
 
 def test_the_relations_preset_is_the_captioner_preset_with_the_second_stages_settings() -> None:
     """experiment=caption_relations is experiment=caption_shapes on the COCO files, started from the
-    place warm-up where the presets' first command writes it, for 6 minutes: its vocabulary grown by
-    the captions' words, its images mirrored and shifted, its captions decoded by beam search; the
-    model, the rest of the task and of the data are the captioner preset's."""
+    place warm-up where the presets' first command writes it, for 6 minutes validated every 500 steps:
+    its vocabulary grown by the captions' words, its images mirrored and shifted, its captions
+    decoded by beam search; the model, the rest of the task and of the data are the captioner
+    preset's."""
     unused = ["paths.output_dir=/unused", "paths.data_dir=/unused"]
     second = compose_train(["experiment=caption_relations", *unused])
     shapes = compose_train(["experiment=caption_shapes", "data=coco", *unused])
     assert second.init_from == "runs/places/checkpoints/last.ckpt" and second.tokenizer.add_words is True
     assert second.trainer.max_time == "00:00:06:00"
+    assert second.trainer.val_check_interval == 500 and second.trainer.check_val_every_n_epoch is None
+    assert shapes.trainer.check_val_every_n_epoch == 1  # the shapes preset validates after every epoch
     assert second.data.mirror_words == [["left", "right"]] and second.data.shift_px == 4
     assert second.task.generation.num_beams == 5
     assert OmegaConf.to_container(second.model, resolve=True) == OmegaConf.to_container(shapes.model, resolve=True)
