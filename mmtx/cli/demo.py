@@ -35,6 +35,7 @@ from mmtx.tasks.caption import CaptionTask
 from mmtx.tasks.vqa import AnswerTask
 
 DECODING = ("greedy", "beam search", "sampling")
+BEAMS, TEMPERATURE, TOP_P = (1, 8), (0.1, 2.0), (0.1, 1.0)  # the sliders' ranges
 # the file names the upload box takes: Pillow's for the formats mmtx reads ("MPO": phones' JPEGs)
 UPLOAD_TYPES = sorted(ext for ext, fmt in Image.registered_extensions().items() if fmt in (*IMAGE_FORMATS, "MPO"))
 KEEP_UPLOADS = (600, 3600)  # Gradio's delete_cache: every 10 minutes, delete uploads over an hour old
@@ -64,9 +65,9 @@ class Demo:
         first = "sampling" if own.do_sample else "beam search" if own.num_beams > 1 else "greedy"
         return {
             "decoding": first,
-            "beams": min(own.num_beams, 8) if own.num_beams > 1 else 3,
-            "temperature": min(max(own.temperature, 0.1), 2.0),
-            "top_p": min(max(own.top_p, 0.1), 1.0),
+            "beams": min(own.num_beams, BEAMS[1]) if own.num_beams > 1 else 3,
+            "temperature": min(max(own.temperature, TEMPERATURE[0]), TEMPERATURE[1]),
+            "top_p": min(max(own.top_p, TOP_P[0]), TOP_P[1]),
         }
 
     @torch.no_grad()
@@ -134,9 +135,9 @@ def build_page(demo: Demo) -> Any:
                 if isinstance(demo.task, CaptionTask):
                     first = demo.decoding()
                     decoding = gr.Radio(list(DECODING), value=first["decoding"], label="Decoding")
-                    beams = gr.Slider(1, 8, value=first["beams"], step=1, label="Beams (beam search)")
-                    temperature = gr.Slider(0.1, 2.0, value=first["temperature"], label="Temperature (sampling)")
-                    top_p = gr.Slider(0.1, 1.0, value=first["top_p"], label="Top-p (sampling)")
+                    beams = gr.Slider(*BEAMS, value=first["beams"], step=1, label="Beams (beam search)")
+                    temperature = gr.Slider(*TEMPERATURE, value=first["temperature"], label="Temperature (sampling)")
+                    top_p = gr.Slider(*TOP_P, value=first["top_p"], label="Top-p (sampling)")
                     run = gr.Button("Caption", variant="primary", elem_id="run")
                 else:
                     question = gr.Textbox(label="Question", placeholder="what color is the circle?", elem_id="question")
