@@ -101,7 +101,7 @@ def check_train_config(cfg: DictConfig) -> None:
     problems += trainer_problems(cfg.trainer)
     if not isinstance(cfg.get("activation_checkpointing", False), bool):
         problems.append(f"activation_checkpointing={cfg.activation_checkpointing!r} must be true or false")
-    if cfg.get("init_from") and not Path(cfg.init_from).is_file():
+    if cfg.get("init_from") and not cfg.get("ckpt_path") and not Path(cfg.init_from).is_file():  # a resume ignores it
         problems.append(f"init_from={cfg.init_from}: no such checkpoint file")
     # the optimiser's values (task.lr ...) and unset data files stop nothing from being built and checked
     broken = {

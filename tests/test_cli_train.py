@@ -164,6 +164,25 @@ def test_training_reduces_the_loss(trained: Run) -> None:
     assert last < first - 0.5, losses
 
 
+def test_a_resumed_run_does_not_read_its_init_from_again(cli, trained: Run, tiny: list[str], tmp_path: Path) -> None:
+    """A run started from another's weights (``init_from=``) resumes from its own checkpoint, which
+    holds every weight, though the run it started from is gone: the command that started it,
+    ``ckpt_path=`` added, still works."""
+    gone = tmp_path / "warm-up" / "checkpoints" / "last.ckpt"  # deleted since the run started
+    stop = STEPS_PER_EPOCH + 2
+    result = cli.run(
+        "mmtx-train", *tiny, *TRAIN, "logger=csv", f"init_from={gone}", f"ckpt_path={trained.last}",
+        "trainer.max_epochs=10", f"trainer.max_steps={stop}", "trainer.limit_val_batches=0", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
+    )  # fmt: skip
+    assert read_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")["global_step"] == stop
+    assert f"init_from={gone} not read: the run resumes from ckpt_path={trained.last}" in result.stdout + result.stderr
+
+    # a new run (no ckpt_path=) still refuses the missing file before any work
+    new = cli.run("mmtx-train", *tiny, *TRAIN, f"init_from={gone}", f"hydra.run.dir={tmp_path / 'new'}",
+                  cwd=tmp_path, check=False)  # fmt: skip
+    assert new.returncode != 0 and f"init_from={gone}: no such checkpoint file" in new.stdout + new.stderr
+
+
 # ------------------------------------------------------------------- mmtx-train with W&B offline
 
 

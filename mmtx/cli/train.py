@@ -51,7 +51,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     resumed = read_checkpoint(cfg.ckpt_path, mmap=True) if cfg.ckpt_path else None
     if resumed:
         check_resume(resumed, cfg.ckpt_path, cfg.task._target_, to_container(cfg.model), to_container(cfg.task))
-    start = read_checkpoint(cfg.init_from) if cfg.init_from else None
+    if resumed and cfg.init_from:  # its weights are in the resumed checkpoint, which Lightning restores
+        log.info("init_from=%s not read: the run resumes from ckpt_path=%s", cfg.init_from, cfg.ckpt_path)
+    start = read_checkpoint(cfg.init_from) if cfg.init_from and not resumed else None
     datamodule = instantiate(cfg.data, tokenizer=run_tokenizer(cfg, resumed, start))
     datamodule.prepare_data()
     datamodule.setup("fit")  # train and val read and screened, the tokenizer learned, before the model
