@@ -353,6 +353,19 @@ def test_resumes_from_an_epochs_last_batch_and_again_are_exact(
 
 
 @pytest.mark.slow
+def test_a_run_killed_after_an_epoch_end_checkpoint_resumes_exactly(
+    cli, tiny: list[str], tmp_path: Path, repo_on_path
+) -> None:
+    """SIGKILL after step 11: last.ckpt is the one written at the first epoch's end
+    (``on_train_epoch_end``, step 10). Resumed (the run is bounded by trainer.max_steps), it trains
+    epoch 1's batches from its first, as the uninterrupted run did, and ends bit-identical.
+    (Lightning, left alone, restarts the finished epoch and trains other batches.)"""
+    killed = _whole_and_stopped(cli, tiny, tmp_path, "caption", signal_name="SIGKILL", step=11)
+    assert killed.returncode == -signal.SIGKILL, cli.describe(killed)
+    _resume_and_compare(cli, tiny, tmp_path, "caption", saved_at=10)
+
+
+@pytest.mark.slow
 def test_two_processes_resume_with_each_ones_own_random_state(
     cli, tiny: list[str], tmp_path: Path, repo_on_path
 ) -> None:

@@ -19,6 +19,7 @@ from mmtx.checkpoint_keys import DATA_KEY, TASK_KEY
 from mmtx.config_error import ArgumentError
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.generation import GenerationConfig
+from mmtx.tasks.epoch_end_resume import start_next_epoch
 from mmtx.tasks.freezing import Freeze, apply_freeze, describe, eval_frozen
 from mmtx.tasks.lora import Lora, add_adapters, count_trainable
 from mmtx.tasks.optim import build_optimizer
@@ -194,6 +195,7 @@ class Task(L.LightningModule):
         checkpoint[RNG_KEY] = all_rng_states()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        start_next_epoch(checkpoint)  # before Lightning restores its loops from it
         # applied when training resumes, not now: the sanity-check validation draws from them too
         states = checkpoint.get(RNG_KEY)
         if isinstance(states, dict):  # one process's, as older checkpoints hold them
