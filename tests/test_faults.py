@@ -275,6 +275,8 @@ def _resume_and_compare(cli, tiny: list[str], tmp_path: Path, task: str, *settin
 def _assert_same_state(a: Path, b: Path) -> None:
     x, y = read_checkpoint(a), read_checkpoint(b)
     assert x["global_step"] == y["global_step"] == STEPS
+    counted = [c["loops"]["fit_loop"]["epoch_loop.state_dict"]["_batches_that_stepped"] for c in (x, y)]
+    assert counted[0] == counted[1], f"steps counted for logging: {counted}"
     assert x["state_dict"].keys() == y["state_dict"].keys()
     different = [k for k in x["state_dict"] if not torch.equal(x["state_dict"][k], y["state_dict"][k])]
     assert not different, f"weights differ from the uninterrupted run: {different[:5]}"

@@ -19,7 +19,7 @@ from mmtx.checkpoint_keys import DATA_KEY, TASK_KEY
 from mmtx.config_error import ArgumentError
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.generation import GenerationConfig
-from mmtx.tasks.epoch_end_resume import start_next_epoch
+from mmtx.tasks.epoch_end_resume import begin_epoch_afresh, start_next_epoch
 from mmtx.tasks.freezing import Freeze, apply_freeze, describe, eval_frozen
 from mmtx.tasks.lora import Lora, add_adapters, count_trainable
 from mmtx.tasks.optim import build_optimizer
@@ -68,6 +68,7 @@ class Task(L.LightningModule):
         self.freezing = Freeze.from_config(freeze)
         self.lora = Lora.from_config(lora)
         self._trainable_notes: list[str] = []  # logged when training starts
+        self._begin_epoch_afresh = False  # resumed from a checkpoint written at an epoch's end
 
     def choose_trainable(self) -> None:
         """Freeze what ``task.freeze`` names, then add ``task.lora``'s adapters (each task calls
@@ -195,13 +196,18 @@ class Task(L.LightningModule):
         checkpoint[RNG_KEY] = all_rng_states()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        start_next_epoch(checkpoint)  # before Lightning restores its loops from it
+        self._begin_epoch_afresh = start_next_epoch(checkpoint)  # before Lightning restores its loops from it
         # applied when training resumes, not now: the sanity-check validation draws from them too
         states = checkpoint.get(RNG_KEY)
         if isinstance(states, dict):  # one process's, as older checkpoints hold them
             states = [states]
         # a process the interrupted run did not have keeps its seeded generators
         self._resumed_rng = states[self.global_rank] if states and self.global_rank < len(states) else None
+
+    def on_train_start(self) -> None:
+        if self._begin_epoch_afresh:
+            begin_epoch_afresh(self.trainer)
+            self._begin_epoch_afresh = False
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         """First batch after a resume: the random state the interrupted run had at that point."""

@@ -92,6 +92,7 @@ class PretrainTask(Task):
         return GlobalBatch(self.global_rank, self.trainer.world_size, gather, generator)
 
     def on_train_start(self) -> None:
+        super().on_train_start()
         self._progress = budget_progress(self.trainer)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
