@@ -5,8 +5,8 @@ fit loop has counted the epoch processed but not yet completed. Resumed, Lightni
 that epoch only when ``trainer.max_steps`` is unset: with it set (iteration-based training) it
 restarts the finished epoch, trains one more batch in it and goes on with the epoch after the
 next, so the resumed run trains other batches than the uninterrupted one and, bounded by
-``trainer.max_epochs`` too, stops one step later than it. Lightning issue #19617 is the case
-next to it.
+``trainer.max_epochs`` too, stops after that one batch, an epoch early. Lightning issue #19617
+is the case next to it.
 
 Two steps give both kinds of run the state Lightning itself restores when training is not
 iteration-based: `start_next_epoch` rewrites the checkpoint's loop counters to those of an epoch
