@@ -65,6 +65,17 @@ def compose_train(overrides: list[str]):
         return compose(config_name="train", overrides=overrides, return_hydra_config=True)
 
 
+def draw_data(overrides: list[str]) -> None:
+    """Draw (or find) the data set of an ``mmtx-train`` run with ``overrides`` in this process:
+    runs started at once then read it, rather than each drawing it, and no launch is spent on it."""
+    from hydra.utils import instantiate
+
+    from mmtx.data.tokenizer import Tokenizer
+
+    cfg = compose_train([*overrides, "paths.output_dir=unused"])
+    instantiate(cfg.data, tokenizer=Tokenizer.train).prepare_data()
+
+
 def train_in_process(overrides: list[str]) -> dict[str, float]:
     """``mmtx.cli.train.train`` on a composed config, set up as ``@hydra.main`` would do it.
 

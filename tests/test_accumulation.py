@@ -14,12 +14,12 @@ from mmtx.checkpoint import read_checkpoint
 from mmtx.cli.common import leave_process_group
 from mmtx.tasks.base import Task
 from tests.conftest import free_ports
-from tests.helpers import TINY_TWO_STREAM, csv_rows, logged
+from tests.helpers import TINY_TWO_STREAM, csv_rows, draw_data, logged
 
 STEPS = 6
 RUN = [
     "logger=csv", "trainer.log_every_n_steps=1", f"trainer.max_steps={STEPS}", "trainer.max_time=null",
-    "trainer.limit_val_batches=1",
+    "trainer.limit_val_batches=0",  # the training alone is compared
 ]  # fmt: skip
 # nothing drawn at random per batch (dropout masks, shifts): every example's contribution is then the
 # same in a batch of 16 as in one of 8
@@ -112,7 +112,6 @@ def test_summed_loss_steps_with_the_gradient_of_the_mean_of_a_steps_items() -> N
     torch.testing.assert_close(trainer.callback_metrics["train/loss"], last_loss)
 
 
-@pytest.mark.slow
 class LeaveProcessGroup(L.Callback):
     """Each spawned process leaves its process group when it is done, as ``mmtx-train`` does: left
     to the interpreter's exit, gloo's threads can abort a process whose run succeeded."""
@@ -121,6 +120,7 @@ class LeaveProcessGroup(L.Callback):
         leave_process_group()
 
 
+@pytest.mark.slow
 def test_summed_loss_over_two_processes_and_micro_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     """The same on 2 processes (rows 0, 2, 4 .. and 1, 3, 5 ..): step 1 on rows 0-7 (7 kept,
     unevenly over processes and micro-batches), step 2 on rows 8-11 (2 kept, both on one process):
@@ -137,11 +137,11 @@ def test_summed_loss_over_two_processes_and_micro_batches(monkeypatch: pytest.Mo
 
 
 def train(cli, common: list[str], root: Path, **runs: list[str]) -> dict[str, Path]:
-    """A run with batch 16 (``big``, which draws the data set first), then ``runs`` at once."""
+    """A run with batch 16 (``big``) and ``runs``, at once, on a data set drawn before they start."""
     dirs = {"big": root / "big"} | {name: root / name for name in runs}
-    cli.run("mmtx-train", *common, f"hydra.run.dir={dirs['big']}", "data.batch_size=16", cwd=root)
+    draw_data(common)  # once, before the runs start at once
     commands = [("mmtx-train", *common, f"hydra.run.dir={dirs[name]}", *extra) for name, extra in runs.items()]
-    cli.run_many(*commands, cwd=root)
+    cli.run_many(("mmtx-train", *common, f"hydra.run.dir={dirs['big']}", "data.batch_size=16"), *commands, cwd=root)
     return dirs
 
 
@@ -162,9 +162,11 @@ def assert_same_training(expected: Path, actual: Path) -> None:
 
 @pytest.fixture(scope="module")
 def caption_runs(cli, tiny: list[str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The tiny captioner at batch 16, and at 8 with 2 batches accumulated."""
+    """The tiny captioner at batch 16, at 8 with 2 batches accumulated, and on 2 processes at 4
+    with 2 batches accumulated."""
     root = tmp_path_factory.mktemp("accumulate-caption")
-    return train(cli, [*tiny, *RUN, *CAPTION], root, accumulated=ACCUMULATED)
+    ddp = ["trainer=ddp_cpu", "data.batch_size=4", "trainer.accumulate_grad_batches=2"]
+    return train(cli, [*tiny, *RUN, *CAPTION], root, accumulated=ACCUMULATED, ddp=ddp)
 
 
 @pytest.mark.slow
@@ -191,21 +193,7 @@ def test_vqa_accumulation_follows_the_big_batch(cli, tiny: list[str], tmp_path: 
 
 
 @pytest.mark.slow
-def test_ddp_with_accumulation_follows_one_process(
-    cli, caption_runs: dict[str, Path], tiny: list[str], tmp_path: Path
-) -> None:
+def test_ddp_with_accumulation_follows_one_process(caption_runs: dict[str, Path]) -> None:
     """Captioning on 2 processes x 4 captions x 2 micro-batches vs 1 process with 16: the same
     examples per optimizer step, spread over processes and micro-batches of unequal token counts."""
-    run = tmp_path / "ddp"
-    cli.run(
-        "mmtx-train",
-        *tiny,
-        *RUN,
-        *CAPTION,
-        f"hydra.run.dir={run}",
-        "trainer=ddp_cpu",
-        "data.batch_size=4",
-        "trainer.accumulate_grad_batches=2",
-        cwd=tmp_path,
-    )
-    assert_same_training(caption_runs["big"], run)
+    assert_same_training(caption_runs["big"], caption_runs["ddp"])

@@ -35,6 +35,7 @@ def test_multirun_sweeps_seeds_into_numbered_jobs(cli, tiny: list[str], tmp_path
         "seed=0,1",
         *tiny,
         "trainer.max_steps=2",
+        "trainer.limit_val_batches=0",
         "logger=none",
         "data.batch_size=16",
         f"hydra.sweep.dir={sweep}",

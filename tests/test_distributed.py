@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mmtx.checkpoint import read_checkpoint
-from tests.helpers import csv_rows, logged
+from tests.helpers import csv_rows, draw_data, logged
 
 # 21 validation images: not divisible by 2 processes (or by the evaluation batch of 4)
 DATA = ["data.num_train=40", "data.num_val=21", "data.eval_batch_size=4"]
@@ -29,13 +29,13 @@ def runs(cli, tiny: list[str], tmp_path_factory: pytest.TempPathFactory) -> dict
         "logger=csv",
         "trainer.log_every_n_steps=1",
         f"trainer.max_steps={STEPS}",
-        "trainer.limit_val_batches=1",
+        "trainer.limit_val_batches=0",  # validation on 2 processes: the tests below and mmtx-eval's
         "data.crop_scale=[0.5,1.0]",
         "model.decoder.dropout=0",  # dropout masks are drawn per process: not comparable
     ]
     # the data set is drawn before the two runs start, so they don't both write it; each run, and
     # each of the two processes, learns its own vocabulary: the same one
-    cli.run("mmtx-train", *common, f"hydra.run.dir={root / 'warmup'}", "trainer.max_steps=1", cwd=root)
+    draw_data(common)
     dirs = {"one": root / "one", "two": root / "two"}
     cli.run_many(
         ("mmtx-train", *common, f"hydra.run.dir={dirs['one']}", "data.batch_size=16"),

@@ -11,17 +11,15 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from hydra.utils import instantiate
 from torch import nn
 
 from mmtx.callbacks import NonFiniteLoss, NonFiniteLossError, Preempted, Preemption
 from mmtx.checkpoint import read_checkpoint
 from mmtx.checkpoint_io import AtomicCheckpointIO
 from mmtx.data.sampling import SeededDataset, ShardedBatchSampler
-from mmtx.data.tokenizer import Tokenizer
 from mmtx.tasks.base import RNG_KEY
 from tests.conftest import TINY_MODEL
-from tests.helpers import TINY_TWO_STREAM, compose_train, recorded_batches
+from tests.helpers import TINY_TWO_STREAM, draw_data, recorded_batches
 
 # ------------------------------------------------------------------------------ data order
 
@@ -240,8 +238,7 @@ def _whole_and_stopped(cli, tiny: list[str], tmp_path: Path, task: str, *setting
                        step: int, rank: int = 0) -> subprocess.CompletedProcess:  # fmt: skip
     """An uninterrupted run (``tmp_path/whole``) and one whose process ``rank`` sends itself
     ``signal_name`` after step ``step`` (``tmp_path/stopped``), at once; the stopped one's result."""
-    cfg = compose_train([*_command(tiny, task, tmp_path, "-")[1:], "paths.output_dir=unused"])
-    instantiate(cfg.data, tokenizer=Tokenizer.train).prepare_data()  # drawn once, not by both runs at once
+    draw_data(list(_command(tiny, task, tmp_path, "-")[1:]))  # drawn once, not by both runs at once
     fault = ("+callbacks.fault._target_=tests.helpers.SignalAtStep", f"+callbacks.fault.step={step}",
              f"+callbacks.fault.signal={signal_name}", f"+callbacks.fault.rank={rank}")  # fmt: skip
     whole, stopped = cli.run_many(

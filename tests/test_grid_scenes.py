@@ -382,7 +382,7 @@ def test_place_captions_first_then_relations_as_the_presets_say(cli, tiny: list[
     """The presets' two commands: a captioner trained on place captions starts one on relation
     captions, found where the first wrote it, whose vocabulary keeps the first run's words (same
     ids) and adds its own."""
-    common = [*tiny, "trainer.max_epochs=null", "trainer.max_steps=2", "logger=none"]
+    common = [*tiny, "trainer.max_epochs=null", "trainer.max_steps=2", "logger=none", "trainer.limit_val_batches=0"]
     cli.run("mmtx-train", "experiment=caption_places", *common, "hydra.run.dir=runs/places", cwd=tmp_path)
     warm = tmp_path / "runs" / "places" / "checkpoints" / "last.ckpt"  # where the relations preset looks
     cli.run(

@@ -67,7 +67,8 @@ def test_mmtx_train_task_caption_scst_from_a_cross_entropy_run(
     run = cli.run(
         "mmtx-train", *tiny, "task=caption_scst", f"task.scst.baseline={baseline}", "task.scst.samples=3",
         f"init_from={trained.last}", "trainer.max_epochs=null", "trainer.max_steps=3", "trainer=ddp_cpu",
-        "logger=csv", "trainer.log_every_n_steps=1", "task.lr=1e-3", f"hydra.run.dir={tmp_path / 'scst'}",
+        "logger=csv", "trainer.log_every_n_steps=1", "task.lr=1e-3", "trainer.limit_val_batches=0",
+        f"hydra.run.dir={tmp_path / 'scst'}",
         cwd=tmp_path,
     )  # fmt: skip
     assert "MEMBER: 2/2" in run.stdout + run.stderr
