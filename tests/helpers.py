@@ -67,7 +67,9 @@ def compose_train(overrides: list[str]):
 
 def draw_data(overrides: list[str]) -> None:
     """Draw (or find) the data set of an ``mmtx-train`` run with ``overrides`` in this process:
-    runs started at once then read it, rather than each drawing it, and no launch is spent on it."""
+    runs started at once then read it, rather than each drawing it, and no launch is spent on it.
+    ``paths.data_dir`` must be among ``overrides``, as an absolute path: this process's working
+    directory is not the runs'."""
     from hydra.utils import instantiate
 
     from mmtx.data.tokenizer import Tokenizer

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from mmtx.checkpoint import read_checkpoint
-from tests.helpers import TINY_TWO_STREAM, csv_rows, logged, train_in_process
+from tests.helpers import TINY_TWO_STREAM, csv_rows, draw_data, logged, train_in_process
 
 
 class NoParameterWithoutGradient(L.Callback):
@@ -80,7 +80,7 @@ STEPS = 6
 
 def _one_and_two(cli, tmp_path: Path, common: list[str], batch: int) -> dict[str, Path]:
     """The same run on one process with the whole batch and on 2 processes with half each."""
-    cli.run("mmtx-train", *common, f"hydra.run.dir={tmp_path / 'warmup'}", "trainer.max_steps=1", cwd=tmp_path)
+    draw_data(common)  # once, before both runs start
     dirs = {"one": tmp_path / "one", "two": tmp_path / "two"}
     cli.run_many(
         ("mmtx-train", *common, f"hydra.run.dir={dirs['one']}", f"data.batch_size={batch}"),
