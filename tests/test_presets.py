@@ -182,6 +182,17 @@ def test_shapes_captioning_mirrors_and_nothing_else_does() -> None:
         assert compose_train(unmirrored).data.mirror_words is None, unmirrored
 
 
+def test_the_base_captioner_keeps_vit_b16_sizes_whatever_the_small_one_uses() -> None:
+    """``model=caption_base`` starts from caption_small's keys, sized for a CPU, but must stay the
+    ViT-B/16 of timm's and transformers' checkpoints (what ``format=hf`` exports): a change to the
+    small captioner's widths does not reach it."""
+    model = compose_train(["model=caption_base"]).model
+    enc, dec = model.encoder, model.decoder
+    assert (enc.patch_size, enc.dim, enc.depth, enc.num_heads, enc.mlp_ratio) == (16, 768, 12, 12, 4.0)
+    assert (enc.attention, enc.pos_embed) == ("full", "learned")
+    assert (dec.dim, dec.depth, dec.num_heads, dec.mlp_ratio) == (768, 6, 12, 4.0)
+
+
 # docs/gpu.md: the overrides that log images per second with Lightning's ThroughputMonitor
 THROUGHPUT = [
     "+callbacks.throughput._target_=lightning.pytorch.callbacks.ThroughputMonitor",
