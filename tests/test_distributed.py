@@ -29,7 +29,7 @@ def runs(cli, tiny: list[str], tmp_path_factory: pytest.TempPathFactory) -> dict
         "logger=csv",
         "trainer.log_every_n_steps=1",
         f"trainer.max_steps={STEPS}",
-        "trainer.limit_val_batches=0",  # validation on 2 processes: the tests below and mmtx-eval's
+        "trainer.limit_val_batches=0",  # these runs compare training; validation on 2 processes is tested below
         "data.crop_scale=[0.5,1.0]",
         "model.decoder.dropout=0",  # dropout masks are drawn per process: not comparable
     ]

@@ -351,8 +351,8 @@ def test_one_and_two_processes_and_a_resumed_run_read_the_same_samples(
         assert sorted(resumed) == list(range(6, len(whole)))  # the resumed process: from step 6 on only
         assert {**steps_read(tmp_path / "killed" / "ids"), **resumed} == whole
 
-    two = steps_read(tmp_path / "two" / "ids")
-    assert {step: sorted(batch) for step, batch in two.items()} == {
+    ddp = steps_read(tmp_path / "two" / "ids")
+    assert {step: sorted(batch) for step, batch in ddp.items()} == {
         step: sorted(batch) for step, batch in whole.items()
     }
 
