@@ -67,7 +67,7 @@ def test_distributed_eval_equals_single_process_eval(cli, runs: dict[str, Path],
     the same captions and the same metrics as one process."""
     ckpt = runs["one"] / "checkpoints" / "last.ckpt"
     results = {}
-    # the second as the issue ran it: the GPU's DDP preset moved to the CPU computes as trainer=cpu
+    # the second from the GPU's DDP preset moved to the CPU: it must compute as trainer=cpu does
     for name, extra in (("one", []), ("two", ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"])):
         out = tmp_path / name
         run = cli.run(

@@ -183,9 +183,9 @@ def test_shapes_captioning_mirrors_and_nothing_else_does() -> None:
 
 
 def test_the_base_captioner_keeps_vit_b16_sizes_whatever_the_small_one_uses() -> None:
-    """``model=caption_base`` starts from caption_small's keys, sized for a CPU, but must stay the
-    ViT-B/16 of timm's and transformers' checkpoints (what ``format=hf`` exports): a change to the
-    small captioner's widths does not reach it."""
+    """``model=caption_base`` starts from caption_small's keys, sized for a CPU, but must keep the
+    sizes of ViT-B/16 (those of timm's and transformers' checkpoints; it keeps the convolutional
+    stem): a change to the small captioner's widths does not reach it."""
     model = compose_train(["model=caption_base"]).model
     enc, dec = model.encoder, model.decoder
     assert (enc.patch_size, enc.dim, enc.depth, enc.num_heads, enc.mlp_ratio) == (16, 768, 12, 12, 4.0)
