@@ -124,6 +124,8 @@ def test_pretrained_captioner_config_passes_and_missing_weights_are_named(tmp_pa
          "task.objectives: every loss weight (mlm, mpm, itm, itc, caption) is 0; set one > 0"),
         (["task=pretrain", "task.objectives.mask_prob=1.5"], "task.objectives.mask_prob=1.5 must be a number in [0, 1]"),
         (["task=pretrain", "model.itc_pool=max"], "model.itc_pool='max' must be one of cls, mean"),
+        (["task=pretrain", "data.group_by_image=true"],
+         "data.group_by_image=True batches an image's captions together, which pretraining would take for negatives"),
         (["task=vqa", "task.num_answers=0"], "task.num_answers=0 must be a positive integer"),
         (["task.word_weights={circle:0}"], "task.word_weights: 'circle' takes a positive finite number, got 0"),
         (["task.word_weights=[circle,left]"],

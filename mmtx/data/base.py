@@ -151,8 +151,9 @@ class ImageTextDataModule(L.LightningDataModule, ABC):
         return []
 
     @abstractmethod
-    def make_collator(self) -> Callable[[list[Any]], Any]:
-        """What turns a list of examples into a batch (tokenizing its texts)."""
+    def make_collator(self, train: bool) -> Callable[[list[Any]], Any]:
+        """What turns a list of examples into a batch (tokenizing its texts), for training or
+        evaluation (``train``)."""
 
     @abstractmethod
     def texts(self, split: str = "train") -> list[str]:
@@ -244,7 +245,7 @@ class ImageTextDataModule(L.LightningDataModule, ABC):
         return serve(
             dataset,
             sampler,
-            collate=self.make_collator(),
+            collate=self.make_collator(train),
             failures=DecodeFailures(split, self.on_bad_image, self.report),
             num_workers=self.num_workers,
             seed=self.seed,

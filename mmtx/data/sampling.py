@@ -36,8 +36,10 @@ class ShardedBatchSampler(Sampler[list[tuple[int, int]]]):
         seed: the run's seed; the permutation and per-example seeds come from ``(seed, epoch)``.
         groups: a group id per example (e.g. its image): when shuffling, the groups are shuffled
             and each group's examples follow one another, so a batch holds all of few groups
-            (an image's questions share one pass of the image encoder). A group may still be cut
-            by a batch boundary.
+            (an image's questions or captions share one pass of the image encoder). A group may
+            still be cut by a batch boundary. The examples of a group share one seed per epoch,
+            so an image is augmented alike for each of its texts (one mirror draw for all its
+            captions) and stays one image of the batch.
     """
 
     def __init__(
@@ -102,7 +104,10 @@ class ShardedBatchSampler(Sampler[list[tuple[int, int]]]):
             rank_of_group[torch.randperm(num_groups, generator=g)] = torch.arange(num_groups)
             # sort by (the group's place in the shuffle, the example's index)
             order = torch.argsort(rank_of_group[self.groups] * self.size + torch.arange(self.size))
-        seeds = torch.randint(2**62, (self.size,), generator=g)
+        if self.groups is None:
+            seeds = torch.randint(2**62, (self.size,), generator=g)
+        else:  # one seed per group, shared by its examples
+            seeds = torch.randint(2**62, (int(self.groups.max()) + 1,), generator=g)[self.groups]
         total = self._share() * self.world_size
         if total > self.size:  # evaluation on several processes: pad so every share is equal
             order = order.repeat(-(-total // self.size))

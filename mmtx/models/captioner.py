@@ -30,9 +30,11 @@ class ImageCaptioner(nn.Module):
         """(B, 3, H, W) -> image tokens (B, 1 + N, encoder.dim)."""
         return self.encoder(images)
 
-    def forward(self, images: Tensor, input_ids: Tensor) -> Tensor:
-        """Teacher-forced logits (B, T, vocab) for ``input_ids`` (B, T) given the images."""
-        return self.decoder(input_ids, self.encode(images))
+    def forward(self, images: Tensor, input_ids: Tensor, image_index: Tensor | None = None) -> Tensor:
+        """Teacher-forced logits (B, T, vocab) for ``input_ids`` (B, T) given the images (B, 3, H, W),
+        or given (U, 3, H, W) and ``image_index`` (B,), the row of each caption's image: each image
+        encoded once, its keys and values projected once for all its captions."""
+        return self.decoder(input_ids, self.encode(images), context_index=image_index)
 
     def loss(
         self,
@@ -41,10 +43,12 @@ class ImageCaptioner(nn.Module):
         pad_id: int,
         label_smoothing: float = 0.0,
         weight: Tensor | None = None,
+        image_index: Tensor | None = None,
     ) -> Tensor:
         """Next-token cross-entropy over the caption ``[BOS] w1 .. wn [EOS] [PAD]..``; pads ignored.
-        ``weight`` (vocab,): each target token's weight, the mean then taken over those weights."""
-        logits = self(images, input_ids[:, :-1])
+        ``weight`` (vocab,): each target token's weight, the mean then taken over those weights;
+        ``image_index``: see `forward`."""
+        logits = self(images, input_ids[:, :-1], image_index)
         return F.cross_entropy(
             logits.flatten(0, 1).float(),
             input_ids[:, 1:].flatten(),

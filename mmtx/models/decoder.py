@@ -112,10 +112,13 @@ class CaptionDecoder(nn.Module):
         context: Tensor | None,
         *,
         context_mask: Tensor | None = None,
+        context_index: Tensor | None = None,
         cache: list[BlockCache] | None = None,
     ) -> Tensor:
-        """``input_ids`` (B, T), ``context`` (B, S, context_dim) -> logits (B, T, vocab_size)."""
-        h = self.body(input_ids, context, context_mask=context_mask, cache=cache)
+        """``input_ids`` (B, T), ``context`` (B, S, context_dim) -> logits (B, T, vocab_size); with
+        ``context_index`` (B,), ``context`` has a row per image and caption i reads row
+        ``context_index[i]``."""
+        h = self.body(input_ids, context, context_mask=context_mask, context_index=context_index, cache=cache)
         if self.head_transform is not None:
             h = self.head_transform(h)
         return self.lm_head(h)

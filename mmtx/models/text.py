@@ -137,13 +137,15 @@ class TextTransformer(nn.Module):
         *,
         mask: Tensor | None = None,
         context_mask: Tensor | None = None,
+        context_index: Tensor | None = None,
         cache: list[BlockCache] | None = None,
         token_type_ids: Tensor | None = None,
     ) -> Tensor:
         """``input_ids`` (B, T) -> hidden states (B, T, dim) after the final norm.
 
         ``mask`` (B, T) is True on real tokens; with a ``cache``, ``input_ids`` are only the new
-        tokens and their positions continue from the cached length.
+        tokens and their positions continue from the cached length. ``context_index`` (B,): row i
+        reads row ``context_index[i]`` of a ``context`` of fewer rows (`Attention.forward`).
         """
         start = cache[0].self_kv.length if cache else 0
         x, rope = self.embed(input_ids, start, token_type_ids)
@@ -157,6 +159,7 @@ class TextTransformer(nn.Module):
                 context,
                 mask=mask,
                 context_mask=context_mask,
+                context_index=context_index,
                 causal=self.causal,
                 rope=rope,
                 cache=cache[i] if cache is not None else None,

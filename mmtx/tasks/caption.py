@@ -102,7 +102,9 @@ class CaptionTask(Task):
         targets = batch["input_ids"][:, 1:]
         real = targets != pad_id
         tokens = real.sum() if weights is None else weights[targets][real].sum()  # the mean's denominator
-        loss = self.model.loss(batch["images"], batch["input_ids"], pad_id, self.hparams.label_smoothing, weights)
+        loss = self.model.loss(
+            batch["images"], batch["input_ids"], pad_id, self.hparams.label_smoothing, weights, batch.get("image_index")
+        )
         return self.summed_loss(loss * tokens, tokens)
 
     # --- captions ------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import lightning as L
 import torch
 
 from mmtx.config_build import build
+from mmtx.config_error import ArgumentError
 from mmtx.metrics.retrieval import retrieval_recall
 from mmtx.models.global_batch import GlobalBatch
 from mmtx.models.pretraining import OBJECTIVES, Objectives, TwoStreamPretrainer
@@ -73,6 +74,13 @@ class PretrainTask(Task):
         # process, and again after a resume
         self._seed = torch.initial_seed()
         self.check_text_length("backbone.text", self.model.backbone.text.max_length)
+        if (data_config or {}).get("group_by_image"):
+            # the other captions of a text's image would be its contrastive and alignment negatives
+            raise ArgumentError(
+                "{data_config.group_by_image} batches an image's captions together, which pretraining "
+                "would take for negatives of each other (allowed: false)",
+                **{"data_config.group_by_image": True},
+            )
         self._vision_rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self._captions_per_image: list[int] = []  # of the last retrieval evaluation
         self.choose_trainable()

@@ -126,6 +126,8 @@ class SelfCriticalTask(CaptionTask):
         tok, cfg, k = self.tokenizer, self.scst, self.scst.samples
         ids = {"bos_id": tok.bos_id, "eos_id": tok.eos_id, "pad_id": tok.pad_id}
         context = self.model.encode(batch["images"])  # (B, S, D), trained through the samples' log-probs
+        if "image_index" in batch:  # an image's captions grouped (data.group_by_image): its row per caption
+            context = context[batch["image_index"]]
         contexts = context.repeat_interleave(k, 0)  # (B * K, S, D): an image's samples adjacent
         sampling = GenerationConfig(
             max_new_tokens=self.generation.max_new_tokens, do_sample=True, temperature=cfg.temperature
@@ -139,7 +141,7 @@ class SelfCriticalTask(CaptionTask):
 
         logp = sample_log_probs(self.model.decoder, contexts, sampled, temperature=cfg.temperature, **ids)
         mask = until_eos(sampled, tok.eos_id)
-        size = len(batch["images"])
+        size = len(batch["input_ids"])
         self.log("train/reward", rewards.mean(), batch_size=size, sync_dist=True)  # the progress bar reads it
         self.log("train/baseline", (rewards - advantage).mean(), batch_size=size, sync_dist=True)
         self.log("train/sample_tokens", mask.sum(1).float().mean(), batch_size=size, sync_dist=True)

@@ -17,6 +17,7 @@ from mmtx.data.bad_data import FAILURES_KEY, Policy
 from mmtx.data.base import ImageTextDataModule
 from mmtx.data.captions.files import CaptionRecord, read_coco_captions, read_karpathy, read_pairs
 from mmtx.data.dataset import ImageTextDataset
+from mmtx.data.distinct_images import stack_distinct_images
 from mmtx.data.images import MAX_IMAGE_PIXELS
 from mmtx.data.mirroring import Mirror, build_mirror
 from mmtx.data.packed import PackedList
@@ -69,20 +70,34 @@ class CaptionDataset(ImageTextDataset):
 
 
 class CaptionCollator:
-    """Stacks images and tokenizes the batch's captions in one call to the fast tokenizer."""
+    """Stacks images and tokenizes the batch's captions in one call to the fast tokenizer.
 
-    def __init__(self, tokenizer: Tokenizer, max_length: int) -> None:
-        self.tokenizer, self.max_length = tokenizer, max_length
+    With ``distinct_images``, ``images`` (U, 3, H, W) holds each distinct image of the batch once
+    and ``image_index`` (B,) the row of each caption's image (`stack_distinct_images`), so an
+    image with several captions in the batch is encoded once; ``image_ids`` then names the rows.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, max_length: int, distinct_images: bool = False) -> None:
+        self.tokenizer, self.max_length, self.distinct_images = tokenizer, max_length, distinct_images
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         input_ids, mask = self.tokenizer.encode_batch([e["caption"] for e in examples], self.max_length)
+        if self.distinct_images:
+            distinct = stack_distinct_images(examples)
+            images: dict[str, Any] = {
+                "images": distinct.images,
+                "image_index": distinct.image_index,
+                "image_ids": torch.tensor(distinct.ids),
+            }
+        else:  # in a worker, default_collate stacks straight into shared memory
+            images = {
+                "images": default_collate([e["image"] for e in examples]),  # (B, 3, H, W)
+                "image_ids": torch.tensor([e["image_id"] for e in examples]),
+            }
         return {
-            "images": default_collate(
-                [e["image"] for e in examples]
-            ),  # (B, 3, H, W); in a worker, straight into shared memory
+            **images,
             "input_ids": input_ids,  # (B, T): [BOS] caption [EOS] [PAD]...
             "attention_mask": mask,
-            "image_ids": torch.tensor([e["image_id"] for e in examples]),
             "references": [e["references"] for e in examples],
             FAILURES_KEY: [f for e in examples for f in e.get(FAILURES_KEY, ())],
         }
@@ -94,11 +109,25 @@ class CaptionDataModule(ImageTextDataModule):
     ``mirror_words``: pairs of words (``[[left, right]]``) that name a side; given, each training
     image is mirrored left to right with probability one half and those words swapped in its
     captions (`mmtx.data.mirroring`). None: no image is mirrored.
+
+    ``group_by_image``: training shuffles images rather than captions and lists each image's
+    captions one after another, augmented alike, so a batch holds all the captions of fewer
+    images and the captioner encodes each of them once (as captioners trained on COCO read its
+    five captions per image). Off: every batch holds the captions of as many images.
     """
 
-    def __init__(self, *, mirror_words: list[list[str]] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *, mirror_words: list[list[str]] | None = None, group_by_image: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.mirror = build_mirror(mirror_words)
+        self.group_by_image = group_by_image
+
+    def example_groups(self, split: str) -> list[int] | None:
+        if not self.group_by_image:
+            return None
+        dataset = self.datasets[split]
+        return [dataset.record(i).image_id for i in range(len(dataset))]  # type: ignore[attr-defined]
 
     def make_dataset(self, records: list[CaptionRecord], transform: Any, train: bool) -> Dataset:
         return CaptionDataset(
@@ -106,8 +135,8 @@ class CaptionDataModule(ImageTextDataModule):
             mirror=self.mirror if train else None,
         )  # fmt: skip
 
-    def make_collator(self) -> CaptionCollator:
-        return CaptionCollator(self.tokenizer, self.max_length)
+    def make_collator(self, train: bool) -> CaptionCollator:
+        return CaptionCollator(self.tokenizer, self.max_length, distinct_images=train and self.group_by_image)
 
     def texts(self, split: str = "train") -> list[str]:
         return [c for r in self.records(split) for c in r.captions]

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset
 
 from mmtx.data.annotations import TextLimit
 from mmtx.data.bad_data import FAILURES_KEY, Policy
 from mmtx.data.base import ImageTextDataModule
 from mmtx.data.dataset import ImageTextDataset
+from mmtx.data.distinct_images import stack_distinct_images
 from mmtx.data.images import MAX_IMAGE_PIXELS
 from mmtx.data.packed import PackedList
 from mmtx.data.splits import FileSplits, split_files
@@ -58,21 +59,11 @@ class VqaCollator:
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         input_ids, mask = self.tokenizer.encode_batch([e["question"] for e in examples], self.max_length)
-        images: list[torch.Tensor] = []
-        rows: dict[Any, list[int]] = {}  # image id -> its rows in `images`
-        image_index, row_ids = [], []
-        for e in examples:
-            same = rows.setdefault(e["image_id"], [])
-            row = next((r for r in same if torch.equal(images[r], e["image"])), len(images))
-            if row == len(images):
-                same.append(row)
-                images.append(e["image"])
-                row_ids.append(e["image_id"])
-            image_index.append(row)
+        distinct = stack_distinct_images(examples)
         return {
-            "images": default_collate(images),  # in a worker, straight into shared memory
-            "image_index": torch.tensor(image_index),
-            "image_ids": row_ids,  # each row's image id
+            "images": distinct.images,
+            "image_index": distinct.image_index,
+            "image_ids": distinct.ids,  # each row's image id
             "input_ids": input_ids,
             "attention_mask": mask,
             "question_ids": torch.tensor([e["question_id"] for e in examples]),
@@ -106,7 +97,7 @@ class VqaDataModule(ImageTextDataModule):
             records = [r for r in records if r.answers]
         return VqaDataset(records, transform, self.on_bad_image, self.max_image_pixels)
 
-    def make_collator(self) -> VqaCollator:
+    def make_collator(self, train: bool) -> VqaCollator:
         return VqaCollator(self.tokenizer, self.max_length)
 
     def texts(self, split: str = "train") -> list[str]:
