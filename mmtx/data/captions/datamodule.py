@@ -52,6 +52,11 @@ class CaptionDataset(ImageTextDataset):
     def record(self, i: int) -> CaptionRecord:
         return self.records[int(self.index[i, 0])]
 
+    def example_image_ids(self) -> list[int]:
+        """Each example's image id (each record unpacked once, not once per caption)."""
+        ids = [rec.image_id for rec in self.records]
+        return [ids[r] for r in self.index[:, 0].tolist()]
+
     @property
     def draws_random(self) -> bool:
         return self.mirror is not None or super().draws_random
@@ -126,8 +131,7 @@ class CaptionDataModule(ImageTextDataModule):
     def example_groups(self, split: str) -> list[int] | None:
         if not self.group_by_image:
             return None
-        dataset = self.datasets[split]
-        return [dataset.record(i).image_id for i in range(len(dataset))]  # type: ignore[attr-defined]
+        return self.datasets[split].example_image_ids()  # type: ignore[attr-defined]
 
     def make_dataset(self, records: list[CaptionRecord], transform: Any, train: bool) -> Dataset:
         return CaptionDataset(
