@@ -4,7 +4,9 @@ and its gradients those of every caption read with its own image."""
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -20,7 +22,9 @@ from mmtx.models.vit import VisionEncoder
 def _captioner() -> ImageCaptioner:
     torch.manual_seed(0)
     encoder = VisionEncoder(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, stem="conv", stem_norm="group")
-    decoder = CaptionDecoder(vocab_size=40, context_dim=32, dim=32, depth=1, num_heads=2, max_length=12, read_where=True)
+    decoder = CaptionDecoder(
+        vocab_size=40, context_dim=32, dim=32, depth=1, num_heads=2, max_length=12, read_where=True
+    )
     return ImageCaptioner(encoder, decoder)
 
 
@@ -55,7 +59,7 @@ def test_a_group_shares_one_seed_and_its_examples_follow_one_another() -> None:
     assert len({s for _, s in ungrouped}) == 12  # without groups: a seed per example
 
 
-def _grid(tmp_path: Path, **kwargs) -> GridCaptions:
+def _grid(tmp_path: Path, **kwargs: Any) -> GridCaptions:
     return GridCaptions(
         str(tmp_path / "grid"), num_train=40, num_val=2, seed=1, image_size=32, batch_size=20,
         mirror_words=[["left", "right"]], tokenizer=functools.partial(Tokenizer.train, vocab_size=80), **kwargs,
@@ -75,6 +79,8 @@ def test_grouped_batches_hold_each_image_once_mirrored_alike_for_all_its_caption
         assert index.tolist() == sorted(index.tolist())  # an image's captions one after another
         for r in range(rows):  # mirrored or not, all of an image's captions read alike
             (refs,) = {tuple(b["references"][i]) for i in range(20) if index[i] == r}
+            unsided = [re.sub(r"\b(left|right)\b", "SIDE", c) for c in refs]  # the row's own image's captions
+            assert unsided == [re.sub(r"\b(left|right)\b", "SIDE", c) for c in original[ids[r]]]
             if any(w in c.split() for c in refs for w in ("left", "right")):  # else a mirror shows in pixels only
                 mirrored.append(refs != tuple(original[ids[r]]))
     assert any(mirrored) and not all(mirrored)  # some images mirrored, some not
@@ -88,7 +94,9 @@ def test_ungrouped_batches_stack_an_image_per_caption(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_mmtx_train_with_grouped_captions_trains_and_writes_its_checkpoint(cli, tiny: list[str], tmp_path: Path) -> None:
+def test_mmtx_train_with_grouped_captions_trains_and_writes_its_checkpoint(
+    cli, tiny: list[str], tmp_path: Path
+) -> None:
     from mmtx.checkpoint import read_checkpoint
 
     run = tmp_path / "grouped"

@@ -11,6 +11,8 @@ from torch.utils.data import default_collate
 
 
 class DistinctImages(NamedTuple):
+    """A batch's images, each once, and where each example's image is among them."""
+
     images: torch.Tensor  # (U, 3, H, W): each distinct image of the batch once
     image_index: torch.Tensor  # (B,): the row of `images` each example's image is
     ids: list[Hashable]  # (U,): each row's image id

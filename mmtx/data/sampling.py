@@ -4,9 +4,10 @@ Every process draws the same seeded permutation of the data set for an epoch and
 ``world_size``-th index from its ``rank``, so the examples of global batch ``k`` (all processes'
 ``k``-th batches together) are those of batch ``k`` of a single process with the whole global
 batch: a DDP run and a one-process run see the same data in the same order. Each example also
-gets its own random seed, drawn with the permutation, that fixes its augmentation whatever worker
-process decodes it; and a run resumed mid-epoch starts at the batch where it stopped. With both,
-a resumed run replays exactly what the uninterrupted one would have done.
+gets its own random seed (the examples of a group, an image's texts, share one), drawn with the
+permutation, that fixes its augmentation whatever worker process decodes it; and a run resumed
+mid-epoch starts at the batch where it stopped. With both, a resumed run replays exactly what the
+uninterrupted one would have done.
 """
 
 from __future__ import annotations

@@ -129,6 +129,7 @@ class CaptionDataModule(ImageTextDataModule):
         self.group_by_image = group_by_image
 
     def example_groups(self, split: str) -> list[int] | None:
+        """Each example's image id when grouping by image (None: no groups)."""
         if not self.group_by_image:
             return None
         return self.datasets[split].example_image_ids()  # type: ignore[attr-defined]
