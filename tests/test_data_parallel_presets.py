@@ -99,8 +99,11 @@ def _assert_same_trajectory(dirs: dict[str, Path], keys: list[str]) -> None:
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=key)
     a, b = (read_checkpoint(dirs[k] / "checkpoints" / "last.ckpt") for k in ("one", "two"))
     assert a["global_step"] == b["global_step"] == STEPS
+    # fp32 sums over half batches end in other last bits on some CPUs' kernels, and AdamW's
+    # normalisation raises them where a gradient is near zero (1.3e-5 seen on an AVX2 EPYC); a step's
+    # update is the rate's size (1e-3 and more), so other data on a process still shows
     for name, w in a["state_dict"].items():
-        torch.testing.assert_close(b["state_dict"][name], w, rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(b["state_dict"][name], w, rtol=1e-4, atol=5e-5, msg=name)
 
 
 def _common(tmp_path: Path, *extra: str) -> list[str]:
