@@ -259,13 +259,16 @@ def assert_trained(run: subprocess.CompletedProcess, root: Path, blocks: int = 2
 
 
 @pytest.mark.slow
-def test_mmtx_train_with_activation_checkpointing(cli, tiny: list[str], tmp_path: Path) -> None:
-    assert_trained(train(cli, tiny, tmp_path / "run"), tmp_path / "run")
-
-
-@pytest.mark.slow
-def test_mmtx_train_with_activation_checkpointing_and_compile(cli, tiny: list[str], tmp_path: Path) -> None:
-    assert_trained(train(cli, tiny, tmp_path / "run", "compile=true"), tmp_path / "run")
+def test_mmtx_train_with_activation_checkpointing_compile_and_frozen_blocks(
+    cli, tiny: list[str], tmp_path: Path
+) -> None:
+    """Checkpointed, compiled, and frozen or not (`task.freeze`): every kind of call to the one
+    compiled code compiles, none falls back to the eager code at the compiler's recompile limit."""
+    run = train(cli, tiny, tmp_path / "run", "compile=true", "model.encoder.depth=2",
+                "task.freeze.modules=[model.encoder]", "task.freeze.train_last_blocks=1")  # fmt: skip
+    assert "torch.compile: 3 transformer blocks" in run.stdout + run.stderr
+    assert "recompile_limit" not in run.stdout + run.stderr
+    assert_trained(run, tmp_path / "run", blocks=3)
 
 
 @pytest.mark.slow

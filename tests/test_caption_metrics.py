@@ -1,13 +1,17 @@
 """Tests for mmtx.metrics.caption against pycocoevalcap itself.
 
-METEOR's java process loads a 60 MB paraphrase table (~8 s), so the tests
+METEOR's java process loads a 60 MB paraphrase table (seconds), so the tests
 that score through it share module-scoped results.
 """
 
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
+import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -74,13 +78,9 @@ PREDICTIONS = {
 
 
 @pytest.fixture(scope="module")
-def model_metrics() -> dict[str, float]:
-    return caption_metrics(PREDICTIONS, REFERENCES)
-
-
-@pytest.fixture(scope="module")
-def perfect_run() -> tuple[dict[str, float], list[caption._Meteor]]:
-    """Metrics of predictions that copy a reference, and every METEOR scorer spawned for them."""
+def scored() -> tuple[dict[str, float], dict[str, float], list[caption._Meteor]]:
+    """Metrics of predictions that copy a reference, then of ``PREDICTIONS``, scored one after
+    the other from a process with no METEOR scorer yet, and every scorer spawned for them."""
     spawned: list[caption._Meteor] = []
 
     class Recording(caption._Meteor):
@@ -90,16 +90,30 @@ def perfect_run() -> tuple[dict[str, float], list[caption._Meteor]]:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(caption, "_Meteor", Recording)
-        metrics = caption_metrics({i: refs[0] for i, refs in REFERENCES.items()}, REFERENCES)
-    return metrics, spawned
+        patch.setattr(caption, "_meteor", None)
+        perfect = caption_metrics({i: refs[0] for i, refs in REFERENCES.items()}, REFERENCES)
+        model = caption_metrics(PREDICTIONS, REFERENCES)
+        serving = caption._meteor
+    caption._meteor = serving  # the later tests' scores come from it too, as a run's later validations'
+    return perfect, model, spawned
+
+
+@pytest.fixture(scope="module")
+def perfect_metrics(scored) -> dict[str, float]:
+    return scored[0]
+
+
+@pytest.fixture(scope="module")
+def model_metrics(scored) -> dict[str, float]:
+    return scored[1]
 
 
 # ---------------------------------------------------------------------- caption_metrics
 
 
 @needs_java
-def test_perfect_predictions_score_near_one(perfect_run: tuple[dict[str, float], list]) -> None:
-    metrics, _ = perfect_run
+def test_perfect_predictions_score_near_one(perfect_metrics: dict[str, float]) -> None:
+    metrics = perfect_metrics
     assert list(metrics) == list(METRIC_NAMES)
     for name in ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L"):
         assert metrics[name] == pytest.approx(1.0, abs=1e-6), name
@@ -108,12 +122,11 @@ def test_perfect_predictions_score_near_one(perfect_run: tuple[dict[str, float],
 
 
 @needs_java
-def test_meteor_process_is_ended_after_scoring(perfect_run: tuple[dict[str, float], list]) -> None:
-    _, spawned = perfect_run
+def test_one_meteor_process_serves_every_call(scored) -> None:
+    """The second call's scores (checked against pycocoevalcap below) come from the first's process."""
+    *_, spawned = scored
     assert len(spawned) == 1
-    process = spawned[0].meteor_p
-    assert process.returncode is not None
-    assert process.stdin.closed and process.stdout.closed and process.stderr.closed
+    assert spawned[0].meteor_p.poll() is None  # still serving
 
 
 def _official_meteor(gts: dict, res: dict) -> float:
@@ -222,16 +235,62 @@ def test_meteor_close_is_idempotent_and_del_never_takes_the_lock() -> None:
 
 
 @needs_java
-def test_meteor_failure_raises_runtime_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_meteor_failure_raises_runtime_error_and_the_next_call_starts_anew(monkeypatch: pytest.MonkeyPatch) -> None:
+    spawned: list[caption._Meteor] = []
+
     class Dead(caption._Meteor):
         def __init__(self) -> None:
             super().__init__()
             self.meteor_p.kill()
             self.meteor_p.wait()
+            spawned.append(self)
 
     monkeypatch.setattr(caption, "_Meteor", Dead)
-    with pytest.raises(RuntimeError, match="METEOR"):
-        caption._meteor_score({1: ["a dog"]}, {1: ["a dog"]})
+    monkeypatch.setattr(caption, "_meteor", None)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="METEOR"):
+            caption._meteor_score({1: ["a dog"]}, {1: ["a dog"]})
+        assert caption._meteor is None
+    assert len(spawned) == 2 and all(m.meteor_p.stdout.closed for m in spawned)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_the_meteor_process_ends_when_python_exits(tmp_path: Path) -> None:
+    """The scorer's process (here a stand-in that answers like METEOR) is killed at exit."""
+    script = tmp_path / "score.py"
+    script.write_text(
+        textwrap.dedent("""
+            import subprocess, threading
+            from mmtx.metrics import caption
+
+            class StandIn(caption._Meteor):
+                def __init__(self):
+                    self.meteor_p = subprocess.Popen(["sleep", "600"], stdin=subprocess.PIPE,
+                                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                    self.lock = threading.Lock()
+
+                def compute_score(self, gts, res):
+                    return 0.5, [0.5]
+
+            caption._Meteor = StandIn
+            assert caption._meteor_score({1: ["a dog"]}, {1: ["a dog"]}) == 0.5
+            print(caption._meteor.meteor_p.pid)
+        """)
+    )
+    pid = int(subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True).stdout)
+    deadline = time.monotonic() + 30
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(pid), "the scorer outlived Python"
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not ended (a zombie has ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
 
 
 # ---------------------------------------------------------------------- constant baseline
@@ -262,12 +321,12 @@ def test_constant_caption_is_the_frequent_caption_with_best_cider() -> None:
 
 
 @needs_java
-def test_constant_baseline_is_far_below_perfect(perfect_run: tuple[dict[str, float], list]) -> None:
+def test_constant_baseline_is_far_below_perfect(perfect_metrics: dict[str, float]) -> None:
     train = _train_references()
     text, metrics = constant_baseline(train, REFERENCES)
     assert text in {" ".join(c.lower().split()) for refs in train.values() for c in refs}
     assert list(metrics) == list(METRIC_NAMES)
-    perfect, _ = perfect_run
+    perfect = perfect_metrics
     assert metrics["CIDEr"] < 0.25 * perfect["CIDEr"]
     assert metrics["BLEU-4"] < 0.5 * perfect["BLEU-4"]
 

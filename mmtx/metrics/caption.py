@@ -8,6 +8,7 @@ tokenizer and METEOR are Java programs shipped inside pycocoevalcap.
 
 from __future__ import annotations
 
+import atexit
 import heapq
 import shutil
 import subprocess
@@ -195,14 +196,29 @@ class _Meteor(Meteor):
         self.close()
 
 
+_meteor: _Meteor | None = None  # the process's one METEOR scorer, see _meteor_score
+
+
 def _meteor_score(gts: dict[int, list[str]], res: dict[int, list[str]]) -> float:
-    """Corpus METEOR of tokenised captions, with the java process always ended afterwards."""
-    meteor = _Meteor()
+    """Corpus METEOR of tokenised captions.
+
+    One java process serves every call: METEOR spends seconds loading its paraphrase table at
+    start, which every validation of a run would pay again. It starts at the first call and is
+    killed when Python exits; one that failed is ended and the next call starts a new one (its
+    replies could be out of step with its questions).
+    """
+    global _meteor
+    if _meteor is None:
+        _meteor = _Meteor()
+        atexit.register(_meteor.close)
     try:
-        score, _ = meteor.compute_score(gts, res)
+        score, _ = _meteor.compute_score(gts, res)
     except (ValueError, OSError) as err:  # java died: empty reply or broken pipe
-        stderr = meteor.close().strip()
+        stderr = _meteor.close().strip()
+        _meteor = None
         raise RuntimeError(f"METEOR (java) failed: {stderr[-2000:] or 'no message'}") from err
-    finally:
-        meteor.close()
+    except BaseException:  # interrupted half-way: the process is out of step with its questions
+        _meteor.close()
+        _meteor = None
+        raise
     return float(score)
