@@ -88,6 +88,8 @@ def scored() -> tuple[dict[str, float], dict[str, float], list[caption._Meteor]]
             super().__init__()
             spawned.append(self)
 
+    if caption._meteor is not None:  # an earlier test's
+        caption._meteor.close()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(caption, "_Meteor", Recording)
         patch.setattr(caption, "_meteor", None)
@@ -252,6 +254,33 @@ def test_meteor_failure_raises_runtime_error_and_the_next_call_starts_anew(monke
             caption._meteor_score({1: ["a dog"]}, {1: ["a dog"]})
         assert caption._meteor is None
     assert len(spawned) == 2 and all(m.meteor_p.stdout.closed for m in spawned)
+
+
+def test_a_meteor_process_that_ended_between_calls_is_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process killed while idle (out of memory, by hand) costs no validation: the next call
+    starts another (stand-ins answering like METEOR)."""
+    spawned: list[caption._Meteor] = []
+
+    class StandIn(caption._Meteor):
+        def __init__(self) -> None:
+            self.meteor_p = subprocess.Popen(["sleep", "600"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE)  # fmt: skip
+            self.lock = threading.Lock()
+            spawned.append(self)
+
+        def compute_score(self, gts: dict, res: dict) -> tuple[float, list[float]]:
+            return 0.5, [0.5]
+
+    monkeypatch.setattr(caption, "_Meteor", StandIn)
+    monkeypatch.setattr(caption, "_meteor", None)
+    assert caption._meteor_score({1: ["a dog"]}, {1: ["a dog"]}) == 0.5
+    assert caption._meteor_score({1: ["a dog"]}, {1: ["a dog"]}) == 0.5
+    assert len(spawned) == 1
+    spawned[0].meteor_p.kill()
+    spawned[0].meteor_p.wait()
+    assert caption._meteor_score({1: ["a dog"]}, {1: ["a dog"]}) == 0.5
+    assert len(spawned) == 2
+    spawned[1].close()
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")

@@ -204,11 +204,11 @@ def _meteor_score(gts: dict[int, list[str]], res: dict[int, list[str]]) -> float
 
     One java process serves every call: METEOR spends seconds loading its paraphrase table at
     start, which every validation of a run would pay again. It starts at the first call and is
-    killed when Python exits; one that failed is ended and the next call starts a new one (its
-    replies could be out of step with its questions).
+    killed when Python exits; one that failed is ended (its replies could be out of step with
+    its questions), and one that failed or ended between calls is replaced by the next call.
     """
     global _meteor
-    if _meteor is None:
+    if _meteor is None or _meteor.meteor_p.poll() is not None:
         _meteor = _Meteor()
         atexit.register(_meteor.close)
     try:
