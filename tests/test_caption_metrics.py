@@ -1,12 +1,15 @@
 """Tests for mmtx.metrics.caption against pycocoevalcap itself.
 
-METEOR's java process loads a 60 MB paraphrase table (seconds), so the tests
+METEOR's java process loads a paraphrase table (seconds), so the tests
 that score through it share module-scoped results.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -256,61 +259,106 @@ def test_meteor_failure_raises_runtime_error_and_the_next_call_starts_anew(monke
     assert len(spawned) == 2 and all(m.meteor_p.stdout.closed for m in spawned)
 
 
-def test_a_meteor_process_that_ended_between_calls_is_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A process killed while idle (out of memory, by hand) costs no validation: the next call
-    starts another (stand-ins answering like METEOR)."""
-    spawned: list[caption._Meteor] = []
+class StandIn(caption._Meteor):
+    """A METEOR scorer whose process is ``sleep`` and which scores every caption 0.5; one that
+    ``raises`` raises it from its first score."""
 
-    class StandIn(caption._Meteor):
-        def __init__(self) -> None:
-            self.meteor_p = subprocess.Popen(["sleep", "600"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                             stderr=subprocess.PIPE)  # fmt: skip
-            self.lock = threading.Lock()
-            spawned.append(self)
+    spawned: list[StandIn] = []
+    raises: type[BaseException] | None = None
 
-        def compute_score(self, gts: dict, res: dict) -> tuple[float, list[float]]:
-            return 0.5, [0.5]
+    def __init__(self) -> None:
+        self.meteor_p = subprocess.Popen(["sleep", "600"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE)  # fmt: skip
+        self.lock = threading.Lock()
+        StandIn.spawned.append(self)
 
+    def compute_score(self, gts: dict, res: dict) -> tuple[float, list[float]]:
+        if self.raises is not None:
+            raise self.raises
+        return 0.5, [0.5]
+
+
+@pytest.fixture()
+def stand_in(monkeypatch: pytest.MonkeyPatch):
+    """``StandIn`` as the module's scorer class, no scorer yet; every stand-in ended afterwards."""
     monkeypatch.setattr(caption, "_Meteor", StandIn)
     monkeypatch.setattr(caption, "_meteor", None)
+    monkeypatch.setattr(StandIn, "spawned", [])
+    yield StandIn
+    for meteor in StandIn.spawned:
+        meteor.close()
+
+
+def test_a_meteor_process_that_ended_between_calls_is_replaced(stand_in) -> None:
+    """A process killed while idle (out of memory, by hand) costs no validation: the next call
+    starts another."""
     assert caption._meteor_score({1: ["a dog"]}, {1: ["a dog"]}) == 0.5
     assert caption._meteor_score({1: ["a dog"]}, {1: ["a dog"]}) == 0.5
-    assert len(spawned) == 1
-    spawned[0].meteor_p.kill()
-    spawned[0].meteor_p.wait()
+    assert len(stand_in.spawned) == 1
+    stand_in.spawned[0].meteor_p.kill()
+    stand_in.spawned[0].meteor_p.wait()
     assert caption._meteor_score({1: ["a dog"]}, {1: ["a dog"]}) == 0.5
-    assert len(spawned) == 2
-    spawned[1].close()
+    assert len(stand_in.spawned) == 2
+
+
+def test_a_scorer_interrupted_half_way_is_ended(stand_in, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stand_in, "raises", KeyboardInterrupt)
+    with pytest.raises(KeyboardInterrupt):
+        caption._meteor_score({1: ["a dog"]}, {1: ["a dog"]})
+    assert caption._meteor is None and stand_in.spawned[0].meteor_p.returncode is not None
+
+
+SCRIPT = """
+import os, subprocess, sys, threading
+from mmtx.metrics import caption
+
+class StandIn(caption._Meteor):
+    def __init__(self):
+        self.meteor_p = subprocess.Popen(["sleep", "600"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE)
+        self.lock = threading.Lock()
+
+    def compute_score(self, gts, res):
+        return 0.5, [0.5]
+
+    def __del__(self):  # only the exit hook may end it
+        pass
+
+caption._Meteor = StandIn
+assert caption._meteor_score({1: ["a dog"]}, {1: ["a dog"]}) == 0.5
+print(caption._meteor.meteor_p.pid, flush=True)
+"""
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
 def test_the_meteor_process_ends_when_python_exits(tmp_path: Path) -> None:
-    """The scorer's process (here a stand-in that answers like METEOR) is killed at exit."""
-    script = tmp_path / "score.py"
-    script.write_text(
-        textwrap.dedent("""
-            import subprocess, threading
-            from mmtx.metrics import caption
-
-            class StandIn(caption._Meteor):
-                def __init__(self):
-                    self.meteor_p = subprocess.Popen(["sleep", "600"], stdin=subprocess.PIPE,
-                                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                    self.lock = threading.Lock()
-
-                def compute_score(self, gts, res):
-                    return 0.5, [0.5]
-
-            caption._Meteor = StandIn
-            assert caption._meteor_score({1: ["a dog"]}, {1: ["a dog"]}) == 0.5
-            print(caption._meteor.meteor_p.pid)
-        """)
-    )
+    (script := tmp_path / "score.py").write_text(SCRIPT)
     pid = int(subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True).stdout)
-    deadline = time.monotonic() + 30
-    while _running(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _running(pid), "the scorer outlived Python"
+    try:
+        deadline = time.monotonic() + 30
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(pid), "the scorer outlived Python"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks")
+def test_a_forked_child_leaves_its_parents_scorer_alone(tmp_path: Path) -> None:
+    """A child forked after the first score (a data loader's worker) that exits as Python does
+    ends none of its parent's processes, and scores with its own."""
+    (script := tmp_path / "fork.py").write_text(SCRIPT + textwrap.dedent("""
+        child = os.fork()
+        if child == 0:
+            assert caption._meteor_score({1: ["a dog"]}, {1: ["a dog"]}) == 0.5
+            sys.exit(0)  # exit hooks and collection run
+        os.waitpid(child, 0)
+        assert caption._meteor.meteor_p.poll() is None, "the child ended its parent's scorer"
+        assert caption._meteor_score({1: ["a dog"]}, {1: ["a dog"]}) == 0.5
+    """))  # fmt: skip
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
 
 
 def _running(pid: int) -> bool:

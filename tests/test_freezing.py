@@ -140,6 +140,20 @@ def test_mmtx_train_fine_tunes_around_a_frozen_encoder(cli, tiny: list[str], tmp
     assert not (tmp_path / "none").exists()
 
 
+@pytest.mark.slow
+def test_compiled_blocks_train_and_validate_beside_frozen_ones(cli, tiny: list[str], tmp_path: Path) -> None:
+    """Frozen blocks are another kind of call to the one compiled code: all compile, none falls
+    back to the eager code at the compiler's recompile limit."""
+    run = cli.run(
+        "mmtx-train", *tiny, "trainer.max_epochs=null", "trainer.max_steps=2", "compile=true",
+        "model.encoder.depth=2", "task.freeze.modules=[model.encoder]", "task.freeze.train_last_blocks=1",
+        f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
+    )  # fmt: skip
+    assert "torch.compile: 3 transformer blocks" in run.stdout + run.stderr
+    assert "recompile_limit" not in run.stdout + run.stderr
+    assert read_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")["global_step"] == 2
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="Lightning's FSDP runs on GPUs only")
 def test_fsdp_keeps_frozen_and_adapted_weights_as_loaded(tiny: list[str], tmp_path: Path) -> None:
     """FSDP (one GPU, each block its own unit, activation checkpointing): a frozen encoder ends

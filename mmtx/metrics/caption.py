@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import atexit
 import heapq
+import os
 import shutil
 import subprocess
+import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -196,7 +198,8 @@ class _Meteor(Meteor):
         self.close()
 
 
-_meteor: _Meteor | None = None  # the process's one METEOR scorer, see _meteor_score
+_meteor: _Meteor | None = None  # this process's one METEOR scorer, see _meteor_score
+_meteor_lock = threading.Lock()
 
 
 def _meteor_score(gts: dict[int, list[str]], res: dict[int, list[str]]) -> float:
@@ -208,17 +211,36 @@ def _meteor_score(gts: dict[int, list[str]], res: dict[int, list[str]]) -> float
     its questions), and one that failed or ended between calls is replaced by the next call.
     """
     global _meteor
-    if _meteor is None or _meteor.meteor_p.poll() is not None:
-        _meteor = _Meteor()
-        atexit.register(_meteor.close)
-    try:
-        score, _ = _meteor.compute_score(gts, res)
-    except (ValueError, OSError) as err:  # java died: empty reply or broken pipe
-        stderr = _meteor.close().strip()
-        _meteor = None
-        raise RuntimeError(f"METEOR (java) failed: {stderr[-2000:] or 'no message'}") from err
-    except BaseException:  # interrupted half-way: the process is out of step with its questions
-        _meteor.close()
-        _meteor = None
-        raise
+    with _meteor_lock:
+        if _meteor is not None and _meteor.meteor_p.poll() is not None:  # ended while idle
+            _meteor.close()
+            _meteor = None
+        if _meteor is None:
+            _meteor = _Meteor()
+        try:
+            score, _ = _meteor.compute_score(gts, res)
+        except BaseException as err:  # interrupted or failed half-way: out of step with its questions
+            stderr = _meteor.close().strip()
+            _meteor = None
+            if isinstance(err, (ValueError, OSError)):  # java died: empty reply or broken pipe
+                raise RuntimeError(f"METEOR (java) failed: {stderr[-2000:] or 'no message'}") from err
+            raise
     return float(score)
+
+
+@atexit.register
+def _close_meteor() -> None:
+    if _meteor is not None:
+        _meteor.close()
+
+
+def _forget_inherited_meteor() -> None:
+    """In a forked child (a data loader's worker): the parent's scorer is the parent's to use
+    and to end, at the child's exit too."""
+    global _meteor, _meteor_lock
+    if _meteor is not None:
+        _meteor.meteor_p = None  # its close() then leaves the parent's process alone
+    _meteor, _meteor_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_meteor)
