@@ -172,6 +172,29 @@ def coco_file(path: Path, names: list[str]) -> Path:
     return path
 
 
+def test_images_smaller_than_the_training_size_are_named_as_enlarged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    names = [f"{i}.png" for i in range(40)]
+    for i, name in enumerate(names):  # the longest side at most 40 px, in two aspect ratios
+        Image.new("RGB", (40, 24) if i % 2 else (30, 40), "red").save(tmp_path / name)
+    split = {"annotations": str(coco_file(tmp_path / "c.json", names)), "images": str(tmp_path)}
+    with caplog.at_level("WARNING", logger="mmtx"):
+        CocoCaptions(train=split, image_size=48, in_memory=False).setup("fit")
+    enlarged = [r.getMessage() for r in caplog.records if "enlarges" in r.getMessage()]
+    assert enlarged == [
+        "data.image_size=48 enlarges the training images (the longest side among 20 read: 40 px): each step "
+        "costs more for no more detail; a data.image_size of at most 40 trains faster (experiment=*_shapes train at 64)"
+    ]
+    caplog.clear()
+    Image.new("RGB", (48, 20), "red").save(
+        tmp_path / names[20]
+    )  # one of those read (every other) is as large as the training size
+    with caplog.at_level("WARNING", logger="mmtx"):
+        CocoCaptions(train=split, image_size=48, in_memory=False).setup("fit")
+    assert not [r for r in caplog.records if "enlarges" in r.getMessage()]
+
+
 def test_a_missing_image_folder_is_one_line(cli, tmp_path: Path) -> None:
     captions = coco_file(tmp_path / "captions.json", ["a.png", "b.png"])
     result = cli.run("mmtx-train", *TINY_MODEL, "data=coco", "data.image_size=32", "data.num_workers=0",

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 from mmtx.config_error import ConfigError
 from mmtx.data.annotations import MAX_TEXT_CHARS, TextLimit
 from mmtx.data.bad_data import REPORT_FILE, BadDataReport, DecodeFailures, Policy, check_policy
-from mmtx.data.dataset import ImageTextDataset, keep_split_in_memory
+from mmtx.data.dataset import ImageTextDataset, keep_split_in_memory, warn_if_enlarged
 from mmtx.data.images import MAX_IMAGE_PIXELS
 from mmtx.data.reading import read_split, report_long_texts
 from mmtx.data.sampling import ShardedBatchSampler, position_in_epoch, serve
@@ -204,6 +204,8 @@ class ImageTextDataModule(L.LightningDataModule, ABC):
                 records = self.records(split)
                 dataset = self.datasets[split] = self.make_dataset(records, transform, train)
                 if isinstance(dataset, ImageTextDataset):
+                    if train:
+                        warn_if_enlarged(dataset, self.image_size)
                     random_crops = train and self.crop_scale is not None
                     keep_split_in_memory(
                         dataset, split, records, in_memory=self.in_memory, image_size=self.image_size,

@@ -212,6 +212,14 @@ def check_image(path: str | os.PathLike, max_pixels: int = MAX_IMAGE_PIXELS) -> 
     return None
 
 
+def header_size(source: ImageSource, max_pixels: int = MAX_IMAGE_PIXELS) -> tuple[int, int]:
+    """(width, height) as the file's header states it (before any EXIF rotation), nothing
+    decoded; an `ImageLoadError` naming the file where `load_image` would refuse it."""
+    path, file = _opened(source, max_pixels)
+    with _header(path, file, max_pixels) as img:
+        return img.size
+
+
 def scan_images(
     paths: Iterable[str | os.PathLike], desc: str = "checking images", max_pixels: int = MAX_IMAGE_PIXELS
 ) -> dict[Path, str]:
