@@ -44,7 +44,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mmtx.checkpoint import read_checkpoint, rebuild_task
 from mmtx.config_build import build, failed_node, locate
-from mmtx.config_error import ArgumentError, ConfigError, is_int, is_number
+from mmtx.config_error import ArgumentError, ConfigError, is_int, is_number, not_a_key
 from mmtx.data.splits import SPLITS
 from mmtx.data.tokenizer import Tokenizer
 from mmtx.generation import GenerationConfig
@@ -203,15 +203,6 @@ def _stand_in_tokenizer(tokenizer: DictConfig) -> Tokenizer:
 _TASK_ARGUMENTS = {"model": "model", "data_config": "data", "tokenizer": "tokenizer"}
 # keys of a node that Hydra reads itself rather than passing them to the target
 _HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
-
-
-def not_a_key(key: str, keys: list[str]) -> str:
-    """``KEY is not a key of PARENT (did you mean PARENT.CLOSEST?)``, the closest of ``keys``
-    (the names in PARENT) by spelling, if any is close."""
-    parent, _, name = key.rpartition(".")
-    close = difflib.get_close_matches(name, [k for k in map(str, keys) if k not in (name, "_target_")], n=1)
-    hint = f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
-    return f"{key} is not a key of {parent or 'the config'}{hint}"
 
 
 def unknown_keys(node: Any, path: str) -> list[str]:

@@ -5,6 +5,7 @@ type tests those checks share (a YAML ``true`` is no number)."""
 
 from __future__ import annotations
 
+import difflib
 import string
 from collections.abc import Callable
 from typing import Any
@@ -61,3 +62,12 @@ class _Arguments(string.Formatter):
             return str(given)
         shown = {"k": "", "r": f"={given!r}", None: f"={given}"}[conversion]
         return self.argument(name, shown)
+
+
+def not_a_key(key: str, keys: list[str]) -> str:
+    """``KEY is not a key of PARENT (did you mean PARENT.CLOSEST?)``, the closest of ``keys``
+    (the names in PARENT) by spelling, if any is close."""
+    parent, _, name = key.rpartition(".")
+    close = difflib.get_close_matches(name, [k for k in map(str, keys) if k not in (name, "_target_")], n=1)
+    hint = f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
+    return f"{key} is not a key of {parent or 'the config'}{hint}"

@@ -79,7 +79,7 @@ def draw_data(overrides: list[str]) -> None:
 
 
 def train_in_process(overrides: list[str]) -> dict[str, float]:
-    """``mmtx.cli.train.train`` on a composed config, set up as ``@hydra.main`` would do it.
+    """``mmtx.commands.train.train`` on a composed config, set up as ``@hydra.main`` would do it.
 
     ``HydraConfig`` must hold the config for the ``${hydra:...}`` interpolations (``run_name``);
     ``paths.output_dir`` (``${hydra:runtime.output_dir}``, which only a real Hydra run sets)
@@ -88,7 +88,7 @@ def train_in_process(overrides: list[str]) -> dict[str, float]:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
-    from mmtx.cli.train import train
+    from mmtx.commands.train import train
 
     cfg = compose_train(overrides)
     HydraConfig.instance().set_config(cfg)

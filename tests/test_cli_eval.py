@@ -117,7 +117,7 @@ def test_checkpoints_record_absolute_data_paths_and_eval_names_missing(
     checkpoint evaluates from any directory; files gone since are named, with how to give others."""
     from omegaconf import OmegaConf
 
-    from mmtx.cli.common import absolute_data_paths
+    from mmtx.commands.common import absolute_data_paths
     from tests.bad_inputs import write_tiny_checkpoint
 
     monkeypatch.chdir(tmp_path)

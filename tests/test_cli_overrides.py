@@ -4,6 +4,8 @@ bad settings that fail with one line naming them before a run starts."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,6 +85,34 @@ def test_help_lists_the_config_groups(cli, tmp_path: Path) -> None:
     assert {"cpu", "gpu"} <= options["trainer"]
     assert {"wandb", "csv", "none"} <= options["logger"]
     assert "seed: 0" in result.stdout  # and the config, with its defaults
+
+
+APPS = ("train", "eval", "caption", "vqa", "export", "shards", "demo")
+# an app run in a fresh interpreter; then which of the heavy libraries it imported
+LOADED = r"""
+import runpy, sys
+try:
+    runpy.run_module("mmtx.cli." + sys.argv.pop(1), run_name="__main__")
+except SystemExit as e:
+    if isinstance(e.code, str):  # sys.exit("mmtx: ...") prints its message and exits 1
+        print(e.code, file=sys.stderr)
+    print("exit", 1 if isinstance(e.code, str) else e.code or 0, file=sys.stderr)
+print(*sorted(m for m in ("torch", "lightning", "torchvision") if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("argv", [("--help",), ("data.batchsize=8",)], ids=["help", "misspelt key"])
+def test_help_and_a_misspelt_key_answer_before_torch_loads(argv: tuple[str, ...], tmp_path: Path) -> None:
+    """Each app reads its command line before importing its command: ``--help`` and an unknown key
+    answer in about a second, not after the seconds torch and Lightning take to import."""
+    for app in APPS if argv == ("--help",) else ("train",):
+        run = subprocess.run([sys.executable, "-c", LOADED, app, *argv], capture_output=True, text=True, cwd=tmp_path)
+        assert run.stdout.splitlines()[-1:] == [""], f"mmtx-{app} {' '.join(argv)}: {run.stdout[-300:]}{run.stderr}"
+        if argv == ("--help",):
+            assert f"mmtx-{app}" in run.stdout and run.stderr.endswith("exit 0\n"), run.stderr
+        else:
+            assert "mmtx: data.batchsize is not a key of data (did you mean data.batch_size?)" in run.stderr
+            assert "exit 1" in run.stderr
 
 
 def test_too_few_examples_for_one_batch_fail_naming_the_batch_size(cli, tiny: list[str], tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from hydra.errors import MissingConfigException
 from omegaconf import DictConfig
 
 from mmtx.checkpoint import CheckpointError
-from mmtx.cli.common import CONFIG_DIR, USER_ERRORS
+from mmtx.cli.common import CONFIG_DIR, user_errors
 from mmtx.config_check import ConfigError, check_eval_config, check_train_config
 from mmtx.config_error import ArgumentError
 from tests.bad_inputs import write_tiny_checkpoint
@@ -146,7 +146,7 @@ def test_every_problem_is_reported_at_once() -> None:
     message = _problems(_train_cfg("model.encoder.dim=30", "data.batch_size=-2", "task.lr=0"))
     assert message.startswith("invalid config:\n")
     assert len(message.splitlines()) == 4
-    assert ConfigError in USER_ERRORS  # mmtx-train prints it as one message, no traceback
+    assert ConfigError in user_errors()  # mmtx-train prints it as one message, no traceback
 
 
 def test_train_checks_before_generating_or_reading_data(tmp_path: Path) -> None:

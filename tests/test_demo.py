@@ -122,7 +122,7 @@ def test_vqa_page_answers_with_scores_and_a_map_and_names_what_it_refuses(tmp_pa
     """The VQA page's handler (what the Answer button calls), without a browser."""
     from omegaconf import OmegaConf
 
-    from mmtx.cli.demo import Demo
+    from mmtx.commands.demo import Demo
     from mmtx.data.tokenizer import Tokenizer
     from mmtx.tasks.vqa import VqaTask
     from tests.helpers import TINY_TWO_STREAM, compose_train
@@ -154,7 +154,7 @@ def test_the_caption_page_opens_on_the_checkpoints_own_decoding(generation: dict
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from mmtx.cli.demo import Demo, build_page
+    from mmtx.commands.demo import Demo, build_page
     from mmtx.data.tokenizer import Tokenizer
     from tests.helpers import compose_train
 

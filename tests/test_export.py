@@ -36,7 +36,7 @@ DATA = ["data.image_size=32", "data.max_length=12"]
 
 
 def build_task(overrides: list[str], tokenizer: Tokenizer, spread: float = 0.1, **data_arguments):
-    """The task ``mmtx-train overrides`` would train, built as ``mmtx.cli.train`` builds it, its
+    """The task ``mmtx-train overrides`` would train, built as ``mmtx.commands.train`` builds it, its
     weights spread by ``spread`` so that outputs differ from token to token."""
     cfg = compose_train([*DATA, *overrides])
     model = OmegaConf.to_container(cfg.model, resolve=True)

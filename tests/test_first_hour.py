@@ -17,7 +17,8 @@ from PIL import Image
 from torch.utils.data import DataLoader, TensorDataset
 
 from mmtx.callbacks import BudgetProgressBar, ModelSummary
-from mmtx.cli.common import callbacks_for, unknown_override_keys
+from mmtx.cli.common import unknown_override_keys
+from mmtx.commands.common import callbacks_for
 from mmtx.data.annotations import atomic_write_json
 from mmtx.data.captions import CocoCaptions
 from mmtx.data.synthetic.build import build_once

@@ -361,7 +361,7 @@ def test_mmtx_shards_refuses_a_config_without_files_or_out_before_writing(tmp_pa
     from hydra import compose, initialize_config_dir
 
     from mmtx.cli.common import CONFIG_DIR
-    from mmtx.cli.shards import write
+    from mmtx.commands.shards import write
     from mmtx.config_check import ConfigError
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):

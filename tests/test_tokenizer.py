@@ -18,7 +18,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 from torch import nn
 
 from mmtx.checkpoint import init_from
-from mmtx.cli.train import run_tokenizer
+from mmtx.commands.train import run_tokenizer
 from mmtx.data.tokenizer import SPECIAL_TOKENS, Tokenizer, TokenizerError, spellings
 
 CAPTIONS = [

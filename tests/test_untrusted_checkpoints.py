@@ -313,7 +313,7 @@ def test_configs_nested_past_pythons_recursion_are_refused_in_one_line(stored: d
 def test_eval_draws_no_data_set_where_a_checkpoint_says(stored: dict[str, Any], tmp_path: Path) -> None:
     """A checkpoint of a drawn data set records the folder it was drawn in: mmtx-eval reads it
     there, and does not draw scenes into a folder that is not there."""
-    from mmtx.cli.eval import recorded_files_exist
+    from mmtx.commands.eval import recorded_files_exist
     from mmtx.config_check import ConfigError
 
     elsewhere = tmp_path / "home" / "someone"

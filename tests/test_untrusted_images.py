@@ -349,7 +349,7 @@ def test_demo_upload_box_takes_images_only_and_gradio_deletes_the_uploads(vqa_ta
     from gradio.data_classes import FileData
     from gradio.route_utils import delete_files_created_by_app
 
-    from mmtx.cli.demo import KEEP_UPLOADS, Demo, build_page
+    from mmtx.commands.demo import KEEP_UPLOADS, Demo, build_page
 
     page = build_page(Demo(vqa_task))
     (upload,) = [b for b in page.blocks.values() if getattr(b, "elem_id", None) == "upload"]
@@ -377,7 +377,7 @@ def test_demo_upload_box_takes_images_only_and_gradio_deletes_the_uploads(vqa_ta
 def test_demo_refuses_too_big_or_other_format_uploads_before_decoding(
     vqa_task, bomb: Path, tmp_path: Path, decoded: list[str], no_other_plugin: list[str]
 ) -> None:
-    from mmtx.cli.demo import Demo
+    from mmtx.commands.demo import Demo
 
     wide = _save(Image.new("RGB", (101, 100), "red"), tmp_path / "wide.png")
     postscript = tmp_path / "x.png"
@@ -398,7 +398,7 @@ def test_demo_refuses_too_big_or_other_format_uploads_before_decoding(
 
 
 def test_the_demo_reads_an_upload_within_the_limit(vqa_task, tmp_path: Path) -> None:
-    from mmtx.cli.demo import Demo
+    from mmtx.commands.demo import Demo
 
     square = _save(Image.new("RGB", (100, 100), "red"), tmp_path / "square.png")
     status, answers, heat = Demo(vqa_task, max_pixels=10_000).answer(str(square), "what color?")

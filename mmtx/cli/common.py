@@ -1,36 +1,26 @@
-"""What the command-line apps share: the config directory, resolvers, errors, loggers, callbacks."""
+"""What the command-line apps share before their command runs: the config directory, the
+resolvers, reading the command line's keys, and turning bad input into one line.
+
+Nothing here imports torch or Lightning: an app reads its command line with Hydra first and
+imports its command (`mmtx.commands`) only then, so that ``--help`` and a misspelt key answer at
+once rather than after the seconds those imports take.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
-import os
 import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 from hydra.errors import ConfigCompositionException
-from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelSummary, ProgressBar
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-from mmtx.callbacks import NonFiniteLossError
-from mmtx.checkpoint import CheckpointError
-from mmtx.config_check import ConfigError, not_a_key
-from mmtx.data.annotations import AnnotationError
-from mmtx.data.bad_data import BadDataError
-from mmtx.data.images import ImageLoadError
-from mmtx.data.tokenizer import TokenizerError
-from mmtx.export import ExportError
-from mmtx.generation import GenerationConfig
-from mmtx.hardware import loader_workers, training_precision
-from mmtx.pretrained import PretrainedError
-from mmtx.tasks.optim import time_budget
+from mmtx.config_error import not_a_key
 
 log = logging.getLogger("mmtx")
 
@@ -38,28 +28,60 @@ log = logging.getLogger("mmtx")
 _PACKAGED, _SOURCE = (Path(__file__).resolve().parents[n] / "conf" for n in (1, 2))
 CONFIG_DIR = str(_PACKAGED if _PACKAGED.is_dir() else _SOURCE)
 
+
+# the resolvers import what they call only when a config is resolved, in the command
+def _precision(accelerator: str) -> str:
+    from mmtx.hardware import training_precision
+
+    return training_precision(accelerator)
+
+
+def _loader_workers(most: int = 4) -> int:
+    from mmtx.hardware import loader_workers
+
+    return loader_workers(most)
+
+
+def _time_budget(budget: str | None, max_steps: Any, max_epochs: Any) -> str | None:
+    from mmtx.tasks.optim import time_budget
+
+    return time_budget(budget, max_steps, max_epochs)
+
+
 # ${mmtx.precision:${.accelerator}} in trainer presets: bf16 autocast on GPUs and where the CPU has
 # it natively, else fp32
-OmegaConf.register_new_resolver("mmtx.precision", training_precision, replace=True)
+OmegaConf.register_new_resolver("mmtx.precision", _precision, replace=True)
 # ${mmtx.loader_workers:4} in data configs: up to 4 loader workers, one core left to training
-OmegaConf.register_new_resolver("mmtx.loader_workers", loader_workers, replace=True)
+OmegaConf.register_new_resolver("mmtx.loader_workers", _loader_workers, replace=True)
 # ${mmtx.time_budget:'DD:HH:MM:SS',${.max_steps},${.max_epochs}} in the CPU preset: its deadline only for
 # a run given no step or epoch budget, which stays reproducible
-OmegaConf.register_new_resolver("mmtx.time_budget", time_budget, replace=True)
+OmegaConf.register_new_resolver("mmtx.time_budget", _time_budget, replace=True)
 
-# problems with the user's files or settings: reported in one line, not as a traceback
-USER_ERRORS = (
-    AnnotationError,
-    CheckpointError,
-    ImageLoadError,
-    TokenizerError,
-    FileNotFoundError,
-    NonFiniteLossError,
-    ConfigError,
-    BadDataError,
-    ExportError,
-    PretrainedError,
-)
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """The problems with the user's files or settings: reported in one line, not as a traceback."""
+    from mmtx.callbacks import NonFiniteLossError
+    from mmtx.checkpoint import CheckpointError
+    from mmtx.config_error import ConfigError
+    from mmtx.data.annotations import AnnotationError
+    from mmtx.data.bad_data import BadDataError
+    from mmtx.data.images import ImageLoadError
+    from mmtx.data.tokenizer import TokenizerError
+    from mmtx.export import ExportError
+    from mmtx.pretrained import PretrainedError
+
+    return (
+        AnnotationError,
+        CheckpointError,
+        ImageLoadError,
+        TokenizerError,
+        FileNotFoundError,
+        NonFiniteLossError,
+        ConfigError,
+        BadDataError,
+        ExportError,
+        PretrainedError,
+    )
 
 
 # what libraries print on every run that says nothing about it: Lightning's advertisements and its
@@ -95,8 +117,10 @@ def friendly_errors(fn: Callable[[DictConfig], Any]) -> Callable[[DictConfig], A
         mute_library_noise()
         try:
             result = fn(cfg)
-        except USER_ERRORS as e:
-            sys.exit(f"mmtx: {e}")
+        except Exception as e:
+            if isinstance(e, user_errors()):
+                sys.exit(f"mmtx: {e}")
+            raise
         leave_process_group()
         return result
 
@@ -167,68 +191,12 @@ def unknown_override_keys(config_name: str, argv: list[str]) -> list[str]:
     return problems
 
 
-def callbacks_for(trainer: DictConfig, callbacks: DictConfig | None) -> list[Any]:
-    """The callbacks group's callbacks (`instantiate_dict`) less its progress bar and model summary
-    where ``trainer.enable_progress_bar=false`` or ``trainer.enable_model_summary=false`` turns them
-    off: Lightning refuses a progress bar beside the one, and runs a summary it is given whatever
-    the other says."""
-    off = tuple(
-        kind
-        for key, kind in (("enable_progress_bar", ProgressBar), ("enable_model_summary", ModelSummary))
-        if trainer.get(key) is False
-    )
-    return [cb for cb in instantiate_dict(callbacks) if not (off and isinstance(cb, off))]
-
-
 def leave_process_group() -> None:
     """End a distributed run's process group once every process is done with it. Left to the
     interpreter's exit, gloo's threads can still be running when the process goes away, and that
     process aborts ("terminate called without an active exception") after a run that succeeded."""
+    import torch  # loaded by the command already
+
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
-
-
-DATA_FILE_KEYS = ("annotations", "images", "questions", "file", "shards")  # the user's files in a data config
-
-
-def absolute_data_paths(data: DictConfig) -> None:
-    """Make the data config's file paths (and a generated set's ``root``) absolute, in place, so
-    that the config a checkpoint records works from any directory."""
-    for node in (data, *(data.get(split) for split in ("train", "val", "test"))):
-        if not isinstance(node, DictConfig):
-            continue
-        for key in (*DATA_FILE_KEYS, "root"):
-            value = node.get(key)
-            if isinstance(value, str) and value:
-                node[key] = _absolute(value)
-            elif isinstance(value, ListConfig):  # e.g. a list of shards
-                node[key] = [_absolute(str(v)) for v in value]
-
-
-def _absolute(path: str) -> str:
-    return os.path.abspath(os.path.expanduser(path))
-
-
-def instantiate_dict(cfg: DictConfig | None) -> list[Any]:
-    """Instantiate every ``_target_`` entry of a ``name: {_target_: ...}`` group (loggers, callbacks)."""
-    if not cfg:
-        return []
-    return [instantiate(node) for node in cfg.values() if isinstance(node, DictConfig) and "_target_" in node]
-
-
-def to_container(cfg: DictConfig) -> dict:
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-
-
-def image_size(task: Any, given: int | None = None) -> int:
-    """``given`` (the command line's ``image_size``), else the size ``task`` was trained at: its
-    data config's, else its image tower's (a captioner's encoder, a VQA backbone's vision tower)."""
-    tower = task.model.encoder if hasattr(task.model, "encoder") else task.model.backbone.vision
-    return given or (task.data_config or {}).get("image_size") or tower.image_size
-
-
-def generation_override(config: GenerationConfig, overrides: DictConfig | None) -> GenerationConfig:
-    """``config`` with the non-null ``generation.*`` values given on the command line."""
-    given = {k: v for k, v in (overrides or {}).items() if v is not None}
-    return dataclasses.replace(config, **given) if given else config

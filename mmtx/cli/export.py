@@ -6,27 +6,16 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from mmtx.checkpoint import load_task
 from mmtx.cli.common import CONFIG_DIR, check_override_keys, friendly_errors
-from mmtx.config_error import ConfigError
-from mmtx.export import export_task
-from mmtx.pretrained.hf_export import export_hf
-
-FORMATS = {
-    "mmtx": (export_task, "model.safetensors, config.json, tokenizer.json"),
-    "hf": (export_hf, "a transformers VisionEncoderDecoderModel with its tokenizer and image processor"),
-}
 
 
 @check_override_keys("export")
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="export")
 @friendly_errors
 def main(cfg: DictConfig) -> None:
-    if cfg.format not in FORMATS:
-        raise ConfigError(f"format={cfg.format!r} is not one of {', '.join(FORMATS)}")
-    write, what = FORMATS[cfg.format]
-    out = write(load_task(cfg.ckpt), cfg.out)
-    print(f"exported {cfg.ckpt} to {out}/ ({what})")
+    from mmtx.commands.export import run  # torch and Lightning load once the command line is read
+
+    return run(cfg)
 
 
 if __name__ == "__main__":
