@@ -20,7 +20,7 @@ one place:
 
 A key that a constructor does not take (``+data.batchsize=8``) is found in its signature before
 anything is built and reported as one its node does not have, with the closest key there is
-(`unknown_keys`, `not_a_key`). A resumed checkpoint is checked where ``mmtx-train`` reads it
+(`unknown_keys`, `mmtx.config_error.not_a_key`). A resumed checkpoint is checked where ``mmtx-train`` reads it
 (`mmtx.checkpoint.check_resume`). Unknown group options (``data=nope``) never get here: Hydra
 refuses them, listing the options; nor do overrides of keys the config lacks (``data.batchsize=8``):
 the apps refuse them first (`mmtx.cli.common.check_override_keys`).

@@ -1,7 +1,8 @@
 """The errors a config value that cannot work raises: `ConfigError` from `mmtx.config_check`'s
 start-up checks and the data modules' own refusals once they have read their data;
-`ArgumentError` from a constructor that refuses its arguments; and `is_int` / `is_number`, the
-type tests those checks share (a YAML ``true`` is no number)."""
+`ArgumentError` from a constructor that refuses its arguments; `is_int` / `is_number`, the
+type tests those checks share (a YAML ``true`` is no number); and `not_a_key`, how a key that is
+not in the config is named. Nothing here imports torch: the command line's checks use it too."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -279,7 +280,7 @@ class StandIn(caption._Meteor):
 
 
 @pytest.fixture()
-def stand_in(monkeypatch: pytest.MonkeyPatch):
+def stand_in(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[StandIn]]:
     """``StandIn`` as the module's scorer class, no scorer yet; every stand-in ended afterwards."""
     monkeypatch.setattr(caption, "_Meteor", StandIn)
     monkeypatch.setattr(caption, "_meteor", None)
@@ -349,15 +350,19 @@ def test_a_forked_child_leaves_its_parents_scorer_alone(tmp_path: Path) -> None:
     """A child forked after the first score (a data loader's worker) that exits as Python does
     ends none of its parent's processes, and scores with its own."""
     (script := tmp_path / "fork.py").write_text(SCRIPT + textwrap.dedent("""
+        import gc
+        del StandIn.__del__  # the scorer's own: a copy the child drops kills what it still holds
         child = os.fork()
         if child == 0:
             assert caption._meteor_score({1: ["a dog"]}, {1: ["a dog"]}) == 0.5
-            sys.exit(0)  # exit hooks and collection run
-        os.waitpid(child, 0)
+            gc.collect()
+            sys.exit(0)  # exit hooks run
+        assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0, "the child failed"
         assert caption._meteor.meteor_p.poll() is None, "the child ended its parent's scorer"
         assert caption._meteor_score({1: ["a dog"]}, {1: ["a dog"]}) == 0.5
+        caption._meteor.close()
     """))  # fmt: skip
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
 
 

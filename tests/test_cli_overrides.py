@@ -104,7 +104,7 @@ print(*sorted(m for m in ("torch", "lightning", "torchvision") if m in sys.modul
 @pytest.mark.parametrize("argv", [("--help",), ("data.batchsize=8",)], ids=["help", "misspelt key"])
 def test_help_and_a_misspelt_key_answer_before_torch_loads(argv: tuple[str, ...], tmp_path: Path) -> None:
     """Each app reads its command line before importing its command: ``--help`` and an unknown key
-    answer in about a second, not after the seconds torch and Lightning take to import."""
+    answer without waiting for torch and Lightning to import."""
     for app in APPS if argv == ("--help",) else ("train",):
         run = subprocess.run([sys.executable, "-c", LOADED, app, *argv], capture_output=True, text=True, cwd=tmp_path)
         assert run.stdout.splitlines()[-1:] == [""], f"mmtx-{app} {' '.join(argv)}: {run.stdout[-300:]}{run.stderr}"
@@ -113,6 +113,20 @@ def test_help_and_a_misspelt_key_answer_before_torch_loads(argv: tuple[str, ...]
         else:
             assert "mmtx: data.batchsize is not a key of data (did you mean data.batch_size?)" in run.stderr
             assert "exit 1" in run.stderr
+
+
+def test_the_commands_resolve_mmtx_resolvers_without_the_command_line() -> None:
+    """Code that runs a command (`mmtx.commands`) on a config composed elsewhere resolves its
+    ``${mmtx.*}`` interpolations, in an interpreter that never imported `mmtx.cli`."""
+    code = (
+        "import sys; import mmtx.commands.train; from omegaconf import OmegaConf\n"
+        "cfg = OmegaConf.create({'workers': '${mmtx.loader_workers:2}', 'precision': '${mmtx.precision:cuda}'})\n"
+        "print(cfg.workers, cfg.precision, 'mmtx.cli.common' in sys.modules)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    workers, precision, cli_loaded = run.stdout.split()
+    assert 0 <= int(workers) <= 2 and precision == "bf16-mixed" and cli_loaded == "False"
 
 
 def test_too_few_examples_for_one_batch_fail_naming_the_batch_size(cli, tiny: list[str], tmp_path: Path) -> None:

@@ -20,42 +20,12 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
+import mmtx.config_resolvers  # noqa: F401  (registers the ${mmtx.*} resolvers the configs use)
 from mmtx.config_error import not_a_key
-
-log = logging.getLogger("mmtx")
 
 # the configs: mmtx/conf in an installed wheel (package data), else the source tree's top-level conf/
 _PACKAGED, _SOURCE = (Path(__file__).resolve().parents[n] / "conf" for n in (1, 2))
 CONFIG_DIR = str(_PACKAGED if _PACKAGED.is_dir() else _SOURCE)
-
-
-# the resolvers import what they call only when a config is resolved, in the command
-def _precision(accelerator: str) -> str:
-    from mmtx.hardware import training_precision
-
-    return training_precision(accelerator)
-
-
-def _loader_workers(most: int = 4) -> int:
-    from mmtx.hardware import loader_workers
-
-    return loader_workers(most)
-
-
-def _time_budget(budget: str | None, max_steps: Any, max_epochs: Any) -> str | None:
-    from mmtx.tasks.optim import time_budget
-
-    return time_budget(budget, max_steps, max_epochs)
-
-
-# ${mmtx.precision:${.accelerator}} in trainer presets: bf16 autocast on GPUs and where the CPU has
-# it natively, else fp32
-OmegaConf.register_new_resolver("mmtx.precision", _precision, replace=True)
-# ${mmtx.loader_workers:4} in data configs: up to 4 loader workers, one core left to training
-OmegaConf.register_new_resolver("mmtx.loader_workers", _loader_workers, replace=True)
-# ${mmtx.time_budget:'DD:HH:MM:SS',${.max_steps},${.max_epochs}} in the CPU preset: its deadline only for
-# a run given no step or epoch budget, which stays reproducible
-OmegaConf.register_new_resolver("mmtx.time_budget", _time_budget, replace=True)
 
 
 def user_errors() -> tuple[type[Exception], ...]:
@@ -195,8 +165,7 @@ def leave_process_group() -> None:
     """End a distributed run's process group once every process is done with it. Left to the
     interpreter's exit, gloo's threads can still be running when the process goes away, and that
     process aborts ("terminate called without an active exception") after a run that succeeded."""
-    import torch  # loaded by the command already
-
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    torch = sys.modules.get("torch")  # a command that never imported it started no process group
+    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()

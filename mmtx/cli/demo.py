@@ -1,18 +1,5 @@
-"""``mmtx-demo``: a local web page to try a checkpoint (Gradio, the extra ``mmtx[demo]``).
-
-A captioner's page captions an uploaded image (greedy, beam search or sampling) and shows, for
-the word picked, where in the image it was read from (`mmtx.attention_maps`); a VQA checkpoint's
-page answers a typed question with the top answers and their scores. Gradio is the field's
-convention for model demos (LAVIS, Hugging Face Spaces) and serves its page from the package
-itself: nothing is fetched from the internet, and the page binds to 127.0.0.1 unless told
-otherwise. Every failure a visitor can cause (a file that is not an image, a question left
-empty) is a message on the page; the server goes on.
-
-Uploads are untrusted: the file box takes the image formats mmtx reads (`UPLOAD_TYPES`), each
-upload is read as training images are (`mmtx.data.images`: one of those formats, at most
-``MAX_IMAGE_PIXELS`` pixels, both checked from the header before decoding), and Gradio deletes
-the uploaded files an hour after they came (`KEEP_UPLOADS`), and all of them when the server stops.
-"""
+"""``mmtx-demo``: a local web page to try a checkpoint (Gradio, the extra ``mmtx[demo]``);
+what the page does and how it treats uploads: `mmtx.commands.demo`."""
 
 from __future__ import annotations
 

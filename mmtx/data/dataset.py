@@ -11,7 +11,7 @@ from torch import Tensor
 from torch.utils.data import Dataset, get_worker_info
 
 from mmtx.data.bad_data import DECODE_HINT, FAILURES_KEY, Policy, check_policy
-from mmtx.data.images import MAX_IMAGE_PIXELS, ImageLoadError, header_size, read_image
+from mmtx.data.images import MAX_IMAGE_PIXELS, ImageLoadError, ImageSource, header_size, read_image
 from mmtx.data.memory import ImagesInMemory, fits_in_memory
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class ImageTextDataset(Dataset):
         """Example ``i`` from its `record` and its loaded image."""
         raise NotImplementedError
 
-    def image_path(self, i: int) -> Path:
+    def image_path(self, i: int) -> ImageSource:
         return self.record(i).path
 
     def __getitem__(self, i: int) -> dict[str, Any]:
@@ -112,9 +112,10 @@ def warn_if_enlarged(dataset: ImageTextDataset, image_size: int) -> None:
     """Warn when each of up to `SIZE_SAMPLE` training images, spread over the split, is smaller
     on its longer side than ``image_size``: each is enlarged to it, which makes a step dearer
     (more patches) and shows the model no more detail. Small images given a data group made for
-    natural ones (224 px) meet this; the shapes presets train at 64 px. Only headers are read."""
+    natural ones meet this; the shapes presets train small images at their own size. Nothing is
+    decoded: the sizes come from the files' headers."""
     n = len(dataset)
-    sides = []
+    sides: list[int] = []
     for path in dict.fromkeys(dataset.image_path(i) for i in range(0, n, max(1, -(-n // SIZE_SAMPLE)))):
         try:
             sides.append(max(header_size(path, dataset.max_pixels)))
@@ -123,7 +124,7 @@ def warn_if_enlarged(dataset: ImageTextDataset, image_size: int) -> None:
     if sides and max(sides) < image_size:
         log.warning(
             "data.image_size=%d enlarges the training images (the longest side among %d read: %d px): "
-            "each step costs more for no more detail; a data.image_size of at most %d trains faster "
-            "(experiment=*_shapes train at 64)",
+            "each step costs more for no more detail; a data.image_size of at most %d trains faster, "
+            "as the shapes presets do",
             image_size, len(sides), max(sides), max(sides),
         )  # fmt: skip
