@@ -338,31 +338,50 @@ def test_grid_composes_alone_and_with_the_shapes_preset() -> None:
             HydraConfig.instance().cfg = None  # type: ignore[assignment]
 
 
-def test_the_place_warm_up_trains_the_presets_captioner_on_place_captions() -> None:
-    """experiment=caption_places is experiment=caption_shapes's task and model on place captions of
-    other grid scenes, for two minutes: its checkpoint is what that preset's init_from= expects."""
-    warm, main = (
-        compose_train([preset, "paths.output_dir=/unused", "paths.data_dir=/unused"])
-        for preset in ("experiment=caption_places", "experiment=caption_shapes")
-    )
-    assert OmegaConf.to_container(warm.model, resolve=True) == OmegaConf.to_container(main.model, resolve=True)
-    assert warm.task == main.task
+def test_the_place_warm_up_trains_the_relations_captioner_on_place_captions() -> None:
+    """experiment=caption_places is experiment=caption_shapes's task on place captions of other grid
+    scenes, for two minutes at batch 64, with the model of the relations preset: its checkpoint is
+    what that preset's init_from= expects."""
+    unused = ["paths.output_dir=/unused", "paths.data_dir=/unused"]
+    warm, second, shapes = (
+        compose_train([*preset, *unused])
+        for preset in (
+            ["experiment=caption_places"],
+            ["experiment=caption_relations", "data=grid"],
+            ["experiment=caption_shapes"],
+        )
+    )  # the second stage on grid scenes: the same caption length, so the same decoder positions
+    assert OmegaConf.to_container(warm.model, resolve=True) == OmegaConf.to_container(second.model, resolve=True)
+    assert warm.task == shapes.task
     assert warm.data._target_ == "mmtx.data.synthetic.GridCaptions" and warm.data.image_size == 64
+    assert warm.data.batch_size == 64 and shapes.data.batch_size == 128
     assert warm.data.root == "/unused/grid-places-3000-300-seed7"
     assert warm.trainer.max_time == "00:00:02:00"
     steps = compose_train(["experiment=caption_places", "trainer.max_steps=5", "paths.output_dir=/unused"])
     assert steps.trainer.max_time is None  # a step budget turns the deadline off, as in every preset
 
 
+def test_the_tiny_captioner_is_the_small_one_with_a_one_block_encoder_and_a_narrower_mlp() -> None:
+    """``model=caption_tiny`` (the relations presets' model) differs from ``model=caption_small``
+    in the encoder's depth and MLP width alone, so a change to the small captioner reaches it."""
+    tiny, small = (
+        OmegaConf.to_container(compose_train([f"model={name}"]).model, resolve=True)
+        for name in ("caption_tiny", "caption_small")
+    )
+    assert (tiny["encoder"].pop("depth"), small["encoder"].pop("depth")) == (1, 2)
+    assert (tiny["encoder"].pop("mlp_ratio"), small["encoder"].pop("mlp_ratio")) == (2.0, 4.0)
+    assert tiny == small
+
+
 def test_the_relations_preset_is_the_captioner_preset_with_the_second_stages_settings() -> None:
     """experiment=caption_relations is experiment=caption_shapes on the COCO files, started from the
     place warm-up where the presets' first command writes it, for 6 minutes validated every 500 steps:
     its vocabulary grown by the captions' words, its images mirrored and shifted, its captions
-    decoded by beam search; the model, the rest of the task and of the data are the captioner
-    preset's."""
+    decoded by beam search, its model the tiny captioner; the rest of the task and of the data are
+    the captioner preset's."""
     unused = ["paths.output_dir=/unused", "paths.data_dir=/unused"]
     second = compose_train(["experiment=caption_relations", *unused])
-    shapes = compose_train(["experiment=caption_shapes", "data=coco", *unused])
+    shapes = compose_train(["experiment=caption_shapes", "data=coco", "model=caption_tiny", *unused])
     assert second.init_from == "runs/places/checkpoints/last.ckpt" and second.tokenizer.add_words is True
     assert second.trainer.max_time == "00:00:06:00"
     assert second.trainer.val_check_interval == 500 and second.trainer.check_val_every_n_epoch is None
