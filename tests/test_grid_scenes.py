@@ -375,7 +375,7 @@ def test_the_tiny_captioner_is_the_small_one_with_a_one_block_encoder_and_a_narr
 
 def test_the_relations_preset_is_the_captioner_preset_with_the_second_stages_settings() -> None:
     """experiment=caption_relations is experiment=caption_shapes on the COCO files, started from the
-    place warm-up where the presets' first command writes it, for 6 minutes validated every 500 steps:
+    place warm-up where the presets' first command writes it, for 6 minutes at batch 64 validated every 1000 steps:
     its vocabulary grown by the captions' words, its images mirrored and shifted, its captions
     decoded by beam search, its model the tiny captioner; the rest of the task and of the data are
     the captioner preset's."""
@@ -384,15 +384,17 @@ def test_the_relations_preset_is_the_captioner_preset_with_the_second_stages_set
     shapes = compose_train(["experiment=caption_shapes", "data=coco", "model=caption_tiny", *unused])
     assert second.init_from == "runs/places/checkpoints/last.ckpt" and second.tokenizer.add_words is True
     assert second.trainer.max_time == "00:00:06:00"
-    assert second.trainer.val_check_interval == 500 and second.trainer.check_val_every_n_epoch is None
+    assert second.trainer.val_check_interval == 1000 and second.trainer.check_val_every_n_epoch is None
     assert shapes.trainer.check_val_every_n_epoch == 1  # the shapes preset validates after every epoch
     assert second.data.mirror_words == [["left", "right"]] and second.data.shift_px == 4
+    assert second.data.batch_size == 64 and shapes.data.batch_size == 128
     assert second.task.generation.num_beams == 5
     assert OmegaConf.to_container(second.model, resolve=True) == OmegaConf.to_container(shapes.model, resolve=True)
     mine, preset = ({key: OmegaConf.to_container(cfg[key], resolve=True) for key in ("task", "data")}
                     for cfg in (second, shapes))  # fmt: skip
     for cfg in (mine, preset):
         del cfg["task"]["generation"]["num_beams"], cfg["data"]["mirror_words"], cfg["data"]["shift_px"]
+        del cfg["data"]["batch_size"]
     assert mine == preset
 
 
